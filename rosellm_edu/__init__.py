@@ -1,0 +1,1 @@
+"""LLM inference from scratch: the companion package of the book."""

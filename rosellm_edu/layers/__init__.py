@@ -1,0 +1,1 @@
+"""Building blocks the models share: normalisation, rotary embeddings, attention."""

