@@ -10,15 +10,17 @@ from torch import nn
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """q: (n, heads, d) for the last n of m positions; k, v: (m, kv_heads, d). Returns (n, heads, d)."""
-    n, m = q.shape[0], k.shape[0]
-    q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)   # (heads, tokens, d)
-    gqa = q.shape[0] != k.shape[0]
-    if n == m:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-    else:  # the n queries sit at positions m-n .. m-1, so each sees a longer prefix of the keys
+    n, heads, d = q.shape
+    m, kv_heads, _ = k.shape
+    group = heads // kv_heads
+    # Fold each K/V head's group of query heads into its rows: (kv_heads, group * n, d).
+    q = q.view(n, kv_heads, group, d).permute(1, 2, 0, 3).reshape(kv_heads, group * n, d)
+    visible = None
+    if n > 1:  # query i sits at position m - n + i and sees keys 0 .. m - n + i
         visible = torch.arange(m, device=q.device) <= torch.arange(m - n, m, device=q.device)[:, None]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=gqa)
-    return out.transpose(0, 1)
+        visible = visible.repeat(group, 1)                                      # (group * n, m)
+    out = F.scaled_dot_product_attention(q, k.transpose(0, 1), v.transpose(0, 1), attn_mask=visible)
+    return out.view(kv_heads, group, n, d).permute(2, 0, 1, 3).reshape(n, heads, d)
 
 
 class AttentionContext(Protocol):

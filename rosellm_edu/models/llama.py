@@ -102,13 +102,20 @@ class LlamaForCausalLM(nn.Module):
                 [self.config.intermediate_size] * 2
         return [sum(sizes[:i]) for i in range(len(sizes) + 1)]
 
+    def expected_shards(self, params: dict) -> set[tuple[str, int | None]]:
+        """Every (parameter, shard) the checkpoint must fill; shard None means the whole parameter."""
+        packed = {p for p, _ in PACKED_SHARDS.values()}
+        return {(name, shard) for name in params
+                for shard in (range(len(self.shard_offsets(name.split(".")[-2])) - 1)
+                              if name.split(".")[-2] in packed else [None])}
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters())
         loaded = set()
         for name, tensor in weights:
             if "rotary_emb" in name or (name == "lm_head.weight" and self.config.tie_word_embeddings):
                 continue
-            part = name.split(".")[-2]
+            part, shard = name.split(".")[-2], None
             if part in PACKED_SHARDS:
                 packed, shard = PACKED_SHARDS[part]
                 name = name.replace(part, packed)
@@ -116,7 +123,7 @@ class LlamaForCausalLM(nn.Module):
                 params[name].data[lo:hi].copy_(tensor)
             else:
                 params[name].data.copy_(tensor)
-            loaded.add(name)
-        missing = set(params) - loaded
+            loaded.add((name, shard))
+        missing = self.expected_shards(params) - loaded
         if missing:
-            raise ValueError(f"checkpoint has no weights for {sorted(missing)[:5]}")
+            raise ValueError(f"checkpoint has no weights for {sorted(missing, key=str)[:5]}")

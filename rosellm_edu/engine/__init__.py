@@ -1,0 +1,6 @@
+"""The engines, one per chapter. `LLMEngine` is the newest one: the engine `LLM` runs by default."""
+
+from rosellm_edu.engine.cached import CachedEngine
+from rosellm_edu.engine.naive import NaiveEngine
+
+LLMEngine = CachedEngine

@@ -1,0 +1,22 @@
+# Generated from notebooks/01_token_generation.ipynb by `python -m rosellm_edu.export`.
+# Edit the notebook, not this file.
+
+from dataclasses import dataclass
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None     # "stop", "length", or None while running
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
