@@ -1,0 +1,131 @@
+"""The LLM entry point and the step-wise engines: outputs, stop conditions, seeds and bad input."""
+
+import pytest
+import torch
+
+from rosellm_edu import LLM, SamplingParams
+from rosellm_edu.engine import CachedEngine, LLMEngine, NaiveEngine
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM()
+
+
+def test_default_llm_runs_the_newest_engine(llm):
+    assert type(llm.llm_engine) is LLMEngine
+
+
+def test_outputs_come_back_in_prompt_order_with_vllm_fields(llm, tokenizer):
+    prompts = ["One", {"prompt_token_ids": tokenizer("Two plus two").input_ids}, "Three little pigs"]
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.prompt for o in outs] == ["One", None, "Three little pigs"]
+    assert outs[1].prompt_token_ids == tokenizer("Two plus two").input_ids
+    for out in outs:
+        completion = out.outputs[0]
+        assert out.finished and completion.finish_reason == "length" and len(completion.token_ids) == 12
+        assert completion.text == tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+    assert len({o.request_id for o in outs}) == 3
+
+
+def test_a_single_prompt_and_per_prompt_params(llm):
+    outs = llm.generate(["a", "b"], [SamplingParams(max_tokens=2, temperature=0), SamplingParams(max_tokens=5, temperature=0)],
+                        use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [2, 5]
+    assert len(llm.generate("a", GREEDY, use_tqdm=False)) == 1
+
+
+def test_eos_ends_a_request_unless_ignored(llm, tokenizer):
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "Say hi."}], tokenize=False,
+                                         add_generation_prompt=True)
+    out = llm.generate(chat, SamplingParams(temperature=0, max_tokens=200), use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason is None
+    assert out.token_ids[-1] == tokenizer.eos_token_id and tokenizer.eos_token_id not in out.token_ids[:-1]
+    ignored = llm.generate(chat, SamplingParams(temperature=0, max_tokens=len(out.token_ids) + 5, ignore_eos=True),
+                           use_tqdm=False)[0].outputs[0]
+    assert ignored.finish_reason == "length" and ignored.token_ids[:len(out.token_ids)] == out.token_ids
+
+
+def test_stop_string_is_cut_from_the_text(llm):
+    free = llm.generate("Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)[0].outputs[0]
+    stop = free.text.strip()[:3]
+    out = llm.generate("Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=20, stop=[stop]),
+                       use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    assert stop not in out.text and free.text.startswith(out.text)
+
+
+def test_stop_token_ids_end_the_request(llm):
+    free = llm.generate("Hello", GREEDY, use_tqdm=False)[0].outputs[0]
+    token = free.token_ids[3]
+    out = llm.generate("Hello", SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[token]),
+                       use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == free.token_ids[:free.token_ids.index(token) + 1]
+    assert out.finish_reason == "stop" and out.stop_reason == token
+
+
+def test_seeded_sampling_is_reproducible_whatever_runs_beside_it(llm):
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, seed=123)
+    alone = llm.generate("Once upon a time", params, use_tqdm=False)[0].outputs[0].token_ids
+    crowd = llm.generate(["Hi", "Once upon a time", "Bye"],
+                         [SamplingParams(temperature=1.0, max_tokens=8), params, SamplingParams(temperature=1.0, max_tokens=8)],
+                         use_tqdm=False)[1].outputs[0].token_ids
+    assert alone == crowd
+
+
+def test_unseeded_runs_are_reproducible_from_the_engine_seed():
+    params = SamplingParams(temperature=1.0, max_tokens=10)
+    a = LLM(seed=5).generate(["x", "y"], params, use_tqdm=False)
+    b = LLM(seed=5).generate(["x", "y"], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
+
+
+@pytest.mark.parametrize("prompt,match", [
+    ("", "prompt is empty"),
+    ({"prompt_token_ids": []}, "prompt is empty"),
+    ({"prompt_token_ids": [1, 10**6]}, "token ids must be integers"),
+    ({"prompt_token_ids": [1] * 8192}, "leaving no room"),
+    (42, "a prompt is a string"),
+])
+def test_bad_prompts_fail_clearly_and_leave_the_engine_clean(llm, prompt, match):
+    with pytest.raises(ValueError, match=match):
+        llm.generate(["fine", prompt], GREEDY, use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
+    assert llm.generate("fine", GREEDY, use_tqdm=False)[0].finished
+
+
+def test_mismatched_params_list_is_an_error(llm):
+    with pytest.raises(ValueError, match="2 prompts but 1 sampling_params"):
+        llm.generate(["a", "b"], [GREEDY], use_tqdm=False)
+
+
+@pytest.mark.parametrize("engine_cls", [NaiveEngine, CachedEngine])
+def test_engine_step_abort_and_duplicate_ids(engine_cls):
+    engine = engine_cls()
+    engine.add_request("a", "Hello", GREEDY)
+    engine.add_request("b", "World", GREEDY)
+    with pytest.raises(ValueError, match="already running"):
+        engine.add_request("a", "again", GREEDY)
+    first = engine.step()
+    assert [o.request_id for o in first] == ["a"] and len(first[0].outputs[0].token_ids) == 1
+    engine.abort_request("a")
+    with pytest.raises(KeyError, match="no unfinished request 'a'"):
+        engine.abort_request("a")
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    assert {o.request_id for o in outs} == {"b"} and outs[-1].finished
+    assert getattr(engine, "caches", {}) == {}
+
+
+def test_unknown_dtype_is_rejected():
+    with pytest.raises(ValueError, match="dtype must be"):
+        LLM(dtype="int8")
+
+
+def test_bfloat16_engine_generates(tokenizer):
+    out = LLM(dtype="bfloat16").generate("The capital of France is", SamplingParams(temperature=0, max_tokens=4),
+                                         use_tqdm=False)[0]
+    assert out.outputs[0].text.strip().startswith("Paris")

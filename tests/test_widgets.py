@@ -1,0 +1,55 @@
+"""The next-token explorer's logic, driven through its sliders without a browser."""
+
+import pytest
+import torch
+
+from rosellm_edu.sampler import filtered_logits
+from rosellm_edu.sampling_params import SamplingParams
+from rosellm_edu.widgets import NextTokenExplorer
+
+
+@pytest.fixture
+def explorer(our_model, tokenizer):
+    return NextTokenExplorer(our_model, tokenizer, prompt="The capital of France is")
+
+
+def expected_kept(explorer, **params):
+    probs = filtered_logits(explorer.next_token_logits(), SamplingParams(**params)).softmax(-1)
+    return set(probs.nonzero().flatten().tolist())
+
+
+def test_sliders_drive_the_kept_set(explorer):
+    explorer.top_k.value = 5
+    assert len(explorer.state.kept_ids) == 5
+    assert set(explorer.state.kept_ids) == expected_kept(explorer, top_k=5)
+    explorer.top_k.value = 0
+    explorer.top_p.value = 0.5
+    assert set(explorer.state.kept_ids) == expected_kept(explorer, top_p=0.5)
+    explorer.temperature.value = 1.8
+    hot = set(explorer.state.kept_ids)
+    assert hot == expected_kept(explorer, temperature=1.8, top_p=0.5) and len(hot) > 1
+
+
+def test_temperature_zero_keeps_only_the_argmax(explorer):
+    explorer.temperature.value = 0.0
+    top = int(explorer.next_token_logits().argmax())
+    assert explorer.state.kept_ids == [top] and explorer.state.sampled_id == top
+
+
+def test_sampled_token_is_always_kept_and_bars_are_consistent(explorer):
+    explorer.top_k.value = 8
+    for _ in range(5):
+        explorer.resample.click()
+        s = explorer.state
+        assert s.sampled_id in s.kept_ids
+        assert sum(s.kept_probs) == pytest.approx(1.0, abs=1e-5)  # 8 kept tokens are all among the 20 bars
+        assert s.base_probs == sorted(s.base_probs, reverse=True)
+
+
+def test_prompt_change_recomputes_the_logits(explorer, our_model, tokenizer):
+    explorer.prompt.value = "def fibonacci(n):"
+    ids = torch.tensor(tokenizer("def fibonacci(n):").input_ids)
+    with torch.no_grad():
+        expected = our_model.compute_logits(our_model(ids, torch.arange(len(ids)))[-1])
+    torch.testing.assert_close(explorer.next_token_logits(), expected)
+    assert explorer.state.top_ids[0] == int(expected.argmax())
