@@ -6,12 +6,12 @@ the state without a browser; the widgets only draw it.
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
-from IPython.display import display
 
 from rosellm_edu.sampler import filtered_logits, sample_token
 from rosellm_edu.sampling_params import SamplingParams
@@ -37,14 +37,14 @@ class NextTokenExplorer:
         self.top_k = widgets.IntSlider(value=0, min=0, max=100, description="top_k (0=off)")
         self.top_p = widgets.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05, description="top_p")
         self.resample = widgets.Button(description="sample again")
-        self.plot = widgets.Output()
+        self.chart = widgets.Image(format="png")
         self._logits_for: tuple[str, torch.Tensor] | None = None
         self.state = self.compute()
         for control in (self.prompt, self.temperature, self.top_k, self.top_p):
             control.observe(self._on_change, names="value")
         self.resample.on_click(self._on_change)
         self.widget = widgets.VBox([self.prompt, widgets.HBox([self.temperature, self.top_k, self.top_p]),
-                                    self.resample, self.plot])
+                                    self.resample, self.chart])
         self.draw()
 
     def next_token_logits(self) -> torch.Tensor:
@@ -84,7 +84,9 @@ class NextTokenExplorer:
         ax.set_title(f"{len(s.kept_ids)} tokens kept; sampled {self.tokenizer.decode([s.sampled_id])!r} (orange)")
         ax.legend(loc="upper right")
         fig.tight_layout()
-        with self.plot:
-            self.plot.clear_output(wait=True)
-            display(fig)
+        # A PNG in an Image widget lives in the kernel-side widget state: it shows in JupyterLab and
+        # prints nothing into the cell, where an Output widget would need a front end to route it.
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=80)
         plt.close(fig)
+        self.chart.value = png.getvalue()

@@ -129,3 +129,12 @@ def test_bfloat16_engine_generates(tokenizer):
     out = LLM(dtype="bfloat16").generate("The capital of France is", SamplingParams(temperature=0, max_tokens=4),
                                          use_tqdm=False)[0]
     assert out.outputs[0].text.strip().startswith("Paris")
+
+
+def test_cached_and_uncached_engines_give_identical_tokens():
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+    params = [SamplingParams(temperature=0, max_tokens=20), SamplingParams(temperature=0.9, top_k=50, max_tokens=20, seed=1),
+              SamplingParams(temperature=1.2, top_p=0.8, max_tokens=20)]
+    naive = LLM(engine_cls=NaiveEngine, seed=3).generate(prompts, params, use_tqdm=False)
+    cached = LLM(engine_cls=CachedEngine, seed=3).generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in naive] == [o.outputs[0].token_ids for o in cached]

@@ -53,3 +53,11 @@ def test_prompt_change_recomputes_the_logits(explorer, our_model, tokenizer):
         expected = our_model.compute_logits(our_model(ids, torch.arange(len(ids)))[-1])
     torch.testing.assert_close(explorer.next_token_logits(), expected)
     assert explorer.state.top_ids[0] == int(expected.argmax())
+
+
+def test_the_chart_is_redrawn_when_a_slider_moves(explorer):
+    before = bytes(explorer.chart.value)
+    assert before.startswith(b"\x89PNG")
+    explorer.top_k.value = 3
+    after = bytes(explorer.chart.value)
+    assert after != before and after.startswith(b"\x89PNG")
