@@ -87,17 +87,20 @@ def resolve_model(model: str | os.PathLike | None = None) -> Path:
     if Path(model).is_dir():
         return Path(model)
     from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
     patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
     try:
         return Path(snapshot_download(str(model), allow_patterns=patterns, local_files_only=True))
-    except Exception:
+    except HFValidationError as e:
+        raise ModelNotFoundError(_not_found_message(model, str(e))) from None
+    except LocalEntryNotFoundError:
         pass
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
         raise ModelNotFoundError(_not_found_message(model, "HF_HUB_OFFLINE is set"))
     try:
         return Path(snapshot_download(str(model), allow_patterns=patterns))
-    except Exception as e:
+    except Exception as e:  # no network, no such repo, gated repo: all mean "not available here"
         raise ModelNotFoundError(_not_found_message(model, f"{type(e).__name__}: {e}")) from None
 
 

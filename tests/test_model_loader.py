@@ -40,3 +40,8 @@ def test_unsupported_architecture_is_named(tmp_path):
     BertConfig().save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="model_type 'bert' is not supported"):
         model_loader.load_model(tmp_path)
+
+
+def test_malformed_model_id_gives_a_clear_error():
+    with pytest.raises(model_loader.ModelNotFoundError, match="is not a local directory"):
+        model_loader.resolve_model("not a valid id / at all")
