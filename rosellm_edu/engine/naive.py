@@ -45,6 +45,12 @@ class NaiveEngine:
         raise ValueError(f"a prompt is a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
+        if any(seq.request_id == request_id for seq in self.queue):
+            raise ValueError(f"request {request_id!r} is already running")
+        self.queue.append(self.make_sequence(request_id, prompt, params))
+
+    def make_sequence(self, request_id: str, prompt: Prompt, params: SamplingParams | None) -> Sequence:
+        """Tokenize and check a request; a bad one raises ValueError naming what is wrong."""
         text, ids = self.tokenize(prompt)
         if not ids:
             raise ValueError(f"request {request_id!r}: the prompt is empty")
@@ -53,9 +59,7 @@ class NaiveEngine:
         if len(ids) >= self.max_model_len:
             raise ValueError(f"request {request_id!r}: the prompt has {len(ids)} tokens but the model's context "
                              f"holds {self.max_model_len}, leaving no room to generate")
-        if any(seq.request_id == request_id for seq in self.queue):
-            raise ValueError(f"request {request_id!r} is already running")
-        self.queue.append(Sequence(request_id, text, ids, params or SamplingParams()))
+        return Sequence(request_id, text, ids, params or SamplingParams())
 
     def abort_request(self, request_id: str) -> None:
         for seq in self.queue:

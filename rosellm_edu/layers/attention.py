@@ -8,19 +8,27 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
+    """q: (batch, n, heads, d); k, v: (batch, m, kv_heads, d); visible: (batch, n, m) or None (all visible)."""
+    b, n, heads, d = q.shape
+    m, kv_heads = k.shape[1], k.shape[2]
+    group = heads // kv_heads
+    # Fold each K/V head's group of query heads into its rows: (batch, kv_heads, group * n, d).
+    q = q.view(b, n, kv_heads, group, d).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, group * n, d)
+    if visible is not None:
+        visible = visible.repeat(1, group, 1).unsqueeze(1)                     # (batch, 1, group * n, m)
+    out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=visible)
+    return out.view(b, kv_heads, group, n, d).permute(0, 3, 1, 2, 4).reshape(b, n, heads, d)
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """q: (n, heads, d) for the last n of m positions; k, v: (m, kv_heads, d). Returns (n, heads, d)."""
-    n, heads, d = q.shape
-    m, kv_heads, _ = k.shape
-    group = heads // kv_heads
-    # Fold each K/V head's group of query heads into its rows: (kv_heads, group * n, d).
-    q = q.view(n, kv_heads, group, d).permute(1, 2, 0, 3).reshape(kv_heads, group * n, d)
+    n, m = q.shape[0], k.shape[0]
     visible = None
     if n > 1:  # query i sits at position m - n + i and sees keys 0 .. m - n + i
         visible = torch.arange(m, device=q.device) <= torch.arange(m - n, m, device=q.device)[:, None]
-        visible = visible.repeat(group, 1)                                      # (group * n, m)
-    out = F.scaled_dot_product_attention(q, k.transpose(0, 1), v.transpose(0, 1), attn_mask=visible)
-    return out.view(kv_heads, group, n, d).permute(2, 0, 1, 3).reshape(n, heads, d)
+        visible = visible[None]
+    return grouped_attention(q[None], k[None], v[None], visible)[0]
 
 
 class AttentionContext(Protocol):
