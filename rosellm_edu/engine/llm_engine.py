@@ -5,14 +5,14 @@ import torch
 
 from rosellm_edu.engine.batch_attention import BatchAttention
 from rosellm_edu.engine.kv_pool import KVPool, ReservingAllocator
-from rosellm_edu.engine.naive import NaiveEngine, Prompt
+from rosellm_edu.engine.naive import EngineBase, Prompt
 from rosellm_edu.engine.scheduler import ScheduledSeq, Scheduler
 from rosellm_edu.outputs import RequestOutput
 from rosellm_edu.sampler import sample_token
 from rosellm_edu.sampling_params import SamplingParams
 
 
-class LLMEngine(NaiveEngine):
+class LLMEngine(EngineBase):
     def __init__(self, model: str | None = None, *, num_kv_blocks: int = 512, block_size: int = 16,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, **kwargs):
         super().__init__(model, **kwargs)

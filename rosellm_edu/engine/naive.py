@@ -22,7 +22,9 @@ def as_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return getattr(torch, dtype)
 
 
-class NaiveEngine:
+class EngineBase:
+    """What every engine shares: the model, the tokenizer, and the checks a new request must pass."""
+
     def __init__(self, model: str | None = None, *, dtype: str | torch.dtype = "float32", seed: int = 0):
         path = resolve_model(model)
         self.dtype = as_dtype(dtype)
@@ -35,7 +37,6 @@ class NaiveEngine:
         self.eos_token_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         self.eos_token_ids.discard(None)
         self.generator = torch.Generator().manual_seed(seed)
-        self.queue: deque[Sequence] = deque()
 
     def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -43,11 +44,6 @@ class NaiveEngine:
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             return prompt.get("prompt"), list(prompt["prompt_token_ids"])
         raise ValueError(f"a prompt is a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
-
-    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
-        if any(seq.request_id == request_id for seq in self.queue):
-            raise ValueError(f"request {request_id!r} is already running")
-        self.queue.append(self.make_sequence(request_id, prompt, params))
 
     def make_sequence(self, request_id: str, prompt: Prompt, params: SamplingParams | None) -> Sequence:
         """Tokenize and check a request; a bad one raises ValueError naming what is wrong."""
@@ -60,6 +56,17 @@ class NaiveEngine:
             raise ValueError(f"request {request_id!r}: the prompt has {len(ids)} tokens but the model's context "
                              f"holds {self.max_model_len}, leaving no room to generate")
         return Sequence(request_id, text, ids, params or SamplingParams())
+
+
+class NaiveEngine(EngineBase):
+    def __init__(self, model: str | None = None, **kwargs):
+        super().__init__(model, **kwargs)
+        self.queue: deque[Sequence] = deque()
+
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
+        if any(seq.request_id == request_id for seq in self.queue):
+            raise ValueError(f"request {request_id!r} is already running")
+        self.queue.append(self.make_sequence(request_id, prompt, params))
 
     def abort_request(self, request_id: str) -> None:
         for seq in self.queue:
