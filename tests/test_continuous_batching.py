@@ -6,7 +6,7 @@ import torch
 from conftest import hf_greedy
 from rosellm_edu import LLM, SamplingParams
 from rosellm_edu.engine.batch_attention import BatchAttention
-from rosellm_edu.engine.llm_engine import LLMEngine
+from rosellm_edu.engine.continuous import ContinuousBatchingEngine
 from rosellm_edu.layers.attention import causal_attention
 
 
@@ -42,7 +42,7 @@ PROMPTS = ["The capital of France is", "def quicksort(xs):", "Ingredients for pa
     dict(num_kv_blocks=24, block_size=8),   # only room for a few requests at a time
 ])
 def test_batched_greedy_equals_transformers_one_at_a_time(hf_model, engine_kwargs):
-    llm = LLM(engine_cls=LLMEngine, **engine_kwargs)
+    llm = LLM(engine_cls=ContinuousBatchingEngine, **engine_kwargs)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (12, 5, 20, 8, 15)]
     for out, p in zip(llm.generate(PROMPTS, params, use_tqdm=False), params):
         assert out.outputs[0].token_ids == hf_greedy(hf_model, out.prompt_token_ids, p.max_tokens)
@@ -50,7 +50,7 @@ def test_batched_greedy_equals_transformers_one_at_a_time(hf_model, engine_kwarg
 
 
 def test_requests_join_a_running_batch(hf_model, tokenizer):
-    engine = LLMEngine()
+    engine = ContinuousBatchingEngine()
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     engine.add_request("a", "The capital of France is", params)
     engine.step(), engine.step()
@@ -65,7 +65,7 @@ def test_requests_join_a_running_batch(hf_model, tokenizer):
 
 
 def test_prompt_that_can_never_fit_is_refused_and_others_run():
-    engine = LLMEngine(num_kv_blocks=4, block_size=4)
+    engine = ContinuousBatchingEngine(num_kv_blocks=4, block_size=4)
     with pytest.raises(ValueError, match="needs .* KV blocks"):
         engine.add_request("big", "word " * 20, SamplingParams(max_tokens=4))
     engine.add_request("ok", "Hi", SamplingParams(temperature=0, max_tokens=3))
@@ -75,7 +75,7 @@ def test_prompt_that_can_never_fit_is_refused_and_others_run():
 
 
 def test_abort_frees_the_reservation():
-    engine = LLMEngine(num_kv_blocks=32, block_size=4)
+    engine = ContinuousBatchingEngine(num_kv_blocks=32, block_size=4)
     engine.add_request("a", "Hello there", SamplingParams(max_tokens=20))
     engine.step()
     assert len(engine.scheduler.allocator.free_blocks) < 32

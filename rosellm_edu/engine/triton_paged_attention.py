@@ -27,7 +27,8 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr
         block = tl.load(block_tables_ptr + seq * max_blocks_per_seq + i).to(tl.int64)
         valid = i * BLOCK_SIZE + t < context_len           # the last block may be partly filled
         kv_offs = ((block * BLOCK_SIZE + t) * num_kv_heads + kv_head)[:, None] * HEAD_DIM + d[None, :]
-        k = tl.load(k_ptr + kv_offs, mask=valid[:, None], other=0.0).to(tl.float32)  # (BLOCK_SIZE, HEAD_DIM)
+        k = tl.load(k_ptr + kv_offs).to(tl.float32)        # (BLOCK_SIZE, HEAD_DIM); stale rows' scores are masked below
+        # Stale slots may hold NaN, and p = 0 would not cancel it: 0 * NaN is NaN.
         v = tl.load(v_ptr + kv_offs, mask=valid[:, None], other=0.0).to(tl.float32)
         # Broadcast-and-sum, not tl.dot: tl.dot wants at least 16 rows and a group is often 1 to 8.
         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # (GROUP_PAD, BLOCK_SIZE)

@@ -1,0 +1,116 @@
+# Generated from notebooks/04_paged_attention.ipynb by `python -m rosellm_edu.export`.
+# Edit the notebook, not this file.
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from rosellm_edu.sequence import Sequence
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None            # set once the block is full and its K/V are computed
+    token_ids: tuple[int, ...] = ()    # what the hash stands for, checked on a hit
+
+
+def chain_hash(prev_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    """A block's key: its tokens and, through prev_hash, every token before them."""
+    return hash((prev_hash, token_ids))
+
+
+class BlockManager:
+    """Fixed-size KV blocks handed out on demand, shared through reference counts, cached by prefix."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.block_size, self.enable_prefix_caching = block_size, enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU first
+        self.cached: dict[int, int] = {}                  # hash -> block id, for free and used full blocks
+        self.block_tables: dict[str, list[int]] = {}
+        self.num_hashed: dict[str, int] = {}              # leading blocks of a sequence that have a hash
+        self.queried_tokens = self.hit_tokens = 0
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def prefix_hits(self, seq: Sequence) -> list[int]:
+        """Cached blocks that hold the start of seq. The last token is never a hit: its logits are needed."""
+        hits, prev = [], None
+        if self.enable_prefix_caching:
+            ids = seq.token_ids
+            for start in range(0, len(ids) - 1 - self.block_size + 1, self.block_size):
+                tokens = tuple(ids[start:start + self.block_size])
+                prev = chain_hash(prev, tokens)
+                block_id = self.cached.get(prev)
+                if block_id is None or self.blocks[block_id].token_ids != tokens:
+                    break
+                hits.append(block_id)
+        return hits
+
+    def allocate(self, seq: Sequence) -> int | None:
+        """Give seq blocks for all its tokens; returns how many are cached already, or None if out of blocks."""
+        hits = self.prefix_hits(seq)
+        fresh = self.blocks_needed(len(seq)) - len(hits)
+        if fresh + sum(self.blocks[b].ref_count == 0 for b in hits) > len(self.free_blocks):
+            return None
+        for b in hits:
+            self._ref(b)
+        self.block_tables[seq.request_id] = hits + [self._take_free() for _ in range(fresh)]
+        self.num_hashed[seq.request_id] = len(hits)
+        self.queried_tokens += len(seq)
+        self.hit_tokens += len(hits) * self.block_size
+        return len(hits) * self.block_size
+
+    def ensure(self, seq: Sequence, num_tokens: int) -> bool:
+        """Grow seq's block table to hold num_tokens; False (nothing taken) if the blocks are not there."""
+        table = self.block_tables[seq.request_id]
+        more = self.blocks_needed(num_tokens) - len(table)
+        if more > len(self.free_blocks):
+            return False
+        table += [self._take_free() for _ in range(more)]
+        return True
+
+    def commit(self, seq: Sequence, num_computed: int) -> None:
+        """Hash the blocks that num_computed positions have filled, so later requests can share them."""
+        if not self.enable_prefix_caching:
+            return
+        table, ids = self.block_tables[seq.request_id], seq.token_ids
+        done = self.num_hashed[seq.request_id]
+        prev = self.blocks[table[done - 1]].hash if done else None
+        for i in range(done, num_computed // self.block_size):
+            block = self.blocks[table[i]]
+            block.token_ids = tuple(ids[i * self.block_size:(i + 1) * self.block_size])
+            block.hash = prev = chain_hash(prev, block.token_ids)
+            self.cached.setdefault(prev, block.block_id)
+        self.num_hashed[seq.request_id] = max(done, num_computed // self.block_size)
+
+    def free(self, request_id: str) -> None:
+        """Drop a sequence's references. Unused blocks become free; those holding a prefix stay reusable."""
+        self.num_hashed.pop(request_id, None)
+        for b in reversed(self.block_tables.pop(request_id, [])):  # a prefix's tail is evicted before its head
+            block = self.blocks[b]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_blocks[b] = None
+                if self.cached.get(block.hash) != b:
+                    self.free_blocks.move_to_end(b, last=False)           # worthless: reuse it first
+
+    def _ref(self, block_id: int) -> None:
+        if self.blocks[block_id].ref_count == 0:
+            del self.free_blocks[block_id]
+        self.blocks[block_id].ref_count += 1
+
+    def _take_free(self) -> int:
+        block_id, _ = self.free_blocks.popitem(last=False)                     # least recently used
+        block = self.blocks[block_id]
+        if self.cached.get(block.hash) == block_id:
+            del self.cached[block.hash]
+        block.hash, block.token_ids, block.ref_count = None, (), 1
+        return block_id
+
+    def stats(self) -> dict:
+        return {"total_blocks": len(self.blocks), "free_blocks": len(self.free_blocks),
+                "cached_blocks": sum(self.cached.get(self.blocks[b].hash) == b for b in self.free_blocks),
+                "prefix_hit_rate": self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0}
