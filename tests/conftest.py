@@ -1,9 +1,14 @@
 import os
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import pytest
 import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Without a GPU, Triton kernels run in its interpreter. Triton reads the flag when a kernel is decorated, that is
+# when its module is first imported, which may be by any test: so it is set here, before all of them.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import transformers
 
 from rosellm_edu import model_loader

@@ -1,12 +1,7 @@
-import os
-
-import torch
-
-# Without a GPU, run the kernel in Triton's CPU interpreter; @triton.jit reads this flag when it decorates the kernel.
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
+"""The Triton paged-decode kernel against PyTorch attention; on CPU it runs in Triton's interpreter (conftest.py)."""
 
 import pytest
+import torch
 
 pytest.importorskip("triton")
 

@@ -1,3 +1,6 @@
+# Generated from notebooks/04_paged_attention.ipynb by `python -m rosellm_edu.export`.
+# Edit the notebook, not this file.
+
 import torch
 import triton
 import triton.language as tl
@@ -22,7 +25,7 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)   # running max of the scores
     l = tl.zeros([GROUP_PAD], tl.float32)                  # running sum of exp(score - m)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)      # running sum of exp(score - m) * v
-    for i in range(0, tl.cdiv(context_len, BLOCK_SIZE)):
+    for i in range(0, (context_len + BLOCK_SIZE - 1) // BLOCK_SIZE):
         # int64: block * block_size * kv_heads * head_dim overflows int32 in a large pool.
         block = tl.load(block_tables_ptr + seq * max_blocks_per_seq + i).to(tl.int64)
         valid = i * BLOCK_SIZE + t < context_len           # the last block may be partly filled

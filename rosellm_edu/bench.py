@@ -1,0 +1,189 @@
+"""Benchmark the engine against transformers on a named workload.
+
+    python -m rosellm_edu.bench --workload mixed --engines llm,transformers,naive --dtypes float32,bfloat16
+
+Every configuration runs in this one process on the same requests, so the ratios it prints are side by side.
+`naive` is transformers' generate called one request at a time; `transformers` pads batches of requests to
+their longest prompt and runs them to their longest output, at each of --hf-batch-sizes.
+"""
+
+import argparse
+import json
+import platform
+import time
+from datetime import datetime, timezone
+
+import torch
+from tqdm.auto import tqdm
+
+from rosellm_edu import model_loader
+from rosellm_edu.metrics import RequestTimes, format_summary, summarize
+from rosellm_edu.sampling_params import SamplingParams
+from rosellm_edu.streaming import Request, stream
+
+
+def workload(name: str, num_requests: int, vocab_size: int, seed: int) -> list[tuple[list[int], int]]:
+    """Seeded (prompt token ids, output length) pairs; random tokens, as vLLM's random dataset."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = lambda n: torch.randint(100, vocab_size, (n,), generator=gen).tolist()  # noqa: E731
+    if name == "mixed":
+        prompt_lens = torch.randint(16, 257, (num_requests,), generator=gen).tolist()
+        output_lens = torch.randint(16, 129, (num_requests,), generator=gen).tolist()
+        return [(ids(p), o) for p, o in zip(prompt_lens, output_lens)]
+    if name == "equal":
+        return [(ids(128), 64) for _ in range(num_requests)]
+    if name == "shared-prefix":
+        system = ids(512)
+        return [(system + ids(int(torch.randint(16, 65, (), generator=gen))), 32) for _ in range(num_requests)]
+    raise ValueError(f"unknown workload {name!r}; choose mixed, equal or shared-prefix")
+
+
+def run_llm(model_dir, dtype, requests, request_rate: float, engine_kwargs: dict) -> dict:
+    from rosellm_edu.engine import LLMEngine
+
+    engine = LLMEngine(model_dir, dtype=dtype, **engine_kwargs)
+    warmup = [Request(f"warmup{i}", {"prompt_token_ids": p[:32]}, greedy(8)) for i, (p, _) in enumerate(requests[:4])]
+    for _ in stream(engine, warmup):
+        pass
+    arrivals = [0.0] * len(requests)
+    if request_rate != float("inf"):
+        gen = torch.Generator().manual_seed(1)
+        arrivals = torch.empty(len(requests)).exponential_(request_rate, generator=gen).cumsum(0).tolist()
+    reqs = [Request(str(i), {"prompt_token_ids": p}, greedy(n), t) for i, ((p, n), t) in
+            enumerate(zip(requests, arrivals))]
+    times = {r.request_id: RequestTimes(r.arrival_time, prompt_tokens=len(r.prompt["prompt_token_ids"])) for r in reqs}
+    start = time.perf_counter()
+    with tqdm(total=len(reqs), desc=f"llm {dtype}", leave=False) as bar:
+        for delta in stream(engine, reqs):
+            if delta.error:
+                raise RuntimeError(f"request {delta.request_id}: {delta.error}")
+            times[delta.request_id].token_times += [delta.time] * len(delta.token_ids)
+            if delta.finished:
+                bar.update()
+    summary = summarize(list(times.values()), time.perf_counter() - start)
+    summary["matmul_floor_s"] = matmul_floor(engine.model, summary["prompt_tokens"], summary["completion_tokens"], dtype)
+    summary["kv_cache_stats"] = engine.kv_cache_stats()
+    summary["preemptions"] = engine.scheduler.num_preemptions
+    return summary
+
+
+def matmul_floor(model, prompt_tokens: int, completion_tokens: int, dtype: str) -> float:
+    """A lower bound on the run, in seconds: the time this machine takes for the workload's matmuls alone,
+    prompts at 2048 rows per matmul and decode steps at 64 rows (the largest batch of the workloads)."""
+    layers = next(m for m in model.modules() if isinstance(m, torch.nn.ModuleList))   # the decoder layers
+    body = [m for m in layers[0].modules() if isinstance(m, torch.nn.Linear)]
+    head = torch.nn.Linear(body[0].in_features, model.config.vocab_size, bias=False).to(getattr(torch, dtype))
+
+    def seconds_per_row(linears, rows: int) -> float:
+        inputs = [torch.randn(rows, m.in_features, dtype=getattr(torch, dtype)) for m in linears]
+        best = float("inf")
+        with torch.no_grad():
+            for _ in range(3):
+                start = time.perf_counter()
+                for m, x in zip(linears, inputs):
+                    m(x)
+                best = min(best, time.perf_counter() - start)
+        return best / rows
+
+    prefill = len(layers) * seconds_per_row(body, 2048)
+    decode = len(layers) * seconds_per_row(body, 64) + seconds_per_row([head], 64)
+    return prompt_tokens * prefill + completion_tokens * decode
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def run_transformers(model_dir, dtype, requests, batch_size: int) -> dict:
+    """Padded batches in arrival order; each request keeps only its own output length."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+
+    def generate(batch):
+        width = max(len(p) for p, _ in batch)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch])           # left padding
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
+        new = max(n for _, n in batch)
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                           do_sample=False, eos_token_id=None, pad_token_id=0)
+
+    generate(requests[:2])                                                           # warm-up
+    times = []
+    start = time.perf_counter()
+    for i in tqdm(range(0, len(requests), batch_size), desc=f"transformers b={batch_size} {dtype}", leave=False):
+        batch = requests[i:i + batch_size]
+        generate(batch)
+        done = time.perf_counter() - start
+        for p, n in batch:  # no streaming: every token of the batch arrives when generate returns
+            times.append(RequestTimes(0.0, [done] * n, len(p)))
+    summary = summarize(times, time.perf_counter() - start)
+    for key in ("ttft_ms", "tpot_ms", "itl_ms"):
+        del summary[key]
+    summary["batch_size"] = batch_size
+    return summary
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m rosellm_edu.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="model directory or hub id (default: the embedded SmolLM2)")
+    parser.add_argument("--workload", default="mixed", choices=["mixed", "equal", "shared-prefix"])
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--engines", default="llm", help="comma list of llm, transformers, naive")
+    parser.add_argument("--dtypes", default="float32", help="comma list of float32, bfloat16")
+    parser.add_argument("--hf-batch-sizes", default="8,16,32,64", help="batch sizes tried for transformers")
+    parser.add_argument("--request-rate", type=float, default=float("inf"),
+                        help="requests per second, Poisson arrivals (inf: all at once, offline)")
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--num-kv-blocks", type=int, default=2048)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--json", help="write every result to this file")
+    args = parser.parse_args(argv)
+
+    model_dir = model_loader.resolve_model(args.model)
+    vocab_size = model_loader.load_config(model_dir).vocab_size
+    requests = workload(args.workload, args.num_requests, vocab_size, args.seed)
+    engine_kwargs = dict(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                         num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
+                         enable_prefix_caching=not args.no_prefix_caching)
+    results = []
+    for dtype in args.dtypes.split(","):
+        for engine in args.engines.split(","):
+            if engine == "llm":
+                runs = [run_llm(model_dir, dtype, requests, args.request_rate, engine_kwargs)]
+            elif engine == "transformers":
+                runs = [run_transformers(model_dir, dtype, requests, int(b)) for b in args.hf_batch_sizes.split(",")]
+            elif engine == "naive":
+                runs = [run_transformers(model_dir, dtype, requests, 1)]
+            else:
+                raise SystemExit(f"unknown engine {engine!r}; choose llm, transformers or naive")
+            for summary in runs:
+                title = f"{engine} {dtype}" + (f" batch={summary['batch_size']}" if engine == "transformers" else "")
+                print(format_summary(summary, title), flush=True)
+                if "matmul_floor_s" in summary:
+                    floor = summary["matmul_floor_s"]
+                    print(f"Matmul floor: {floor:.2f} s, so at most {summary['completion_tokens'] / floor:.1f} "
+                          f"tokens/s on this machine ({floor / summary['duration_s']:.0%} of the run)")
+            best = max(runs, key=lambda s: s["throughput_tok_s"])
+            results.append({"engine": engine, "dtype": dtype, **best, "all_runs": runs})
+
+    print("\n=== side by side (best run of each) ===")
+    for dtype in args.dtypes.split(","):
+        ours = next((r for r in results if r["engine"] == "llm" and r["dtype"] == dtype), None)
+        for r in (r for r in results if r["dtype"] == dtype):
+            ratio = f"  llm is {ours['throughput_tok_s'] / r['throughput_tok_s']:.1f}x" if ours and r is not ours else ""
+            extra = f" (batch {r['batch_size']})" if r["engine"] == "transformers" else ""
+            print(f"{r['engine']:>12} {dtype:>8}: {r['throughput_tok_s']:8.1f} tokens/s{extra}{ratio}")
+    if args.json:
+        machine = {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__,
+                   "threads": torch.get_num_threads(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "machine": machine, "results": results}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
