@@ -1,34 +1,15 @@
 """The continuous-batching engine: batched greedy output equals transformers one request at a time."""
 
 import pytest
-import torch
 
-from conftest import hf_greedy
+from conftest import assert_attention_matches_causal, hf_greedy
 from rosellm_edu import LLM, SamplingParams
 from rosellm_edu.engine.batch_attention import BatchAttention
 from rosellm_edu.engine.continuous import ContinuousBatchingEngine
-from rosellm_edu.layers.attention import causal_attention
 
 
 def test_batch_attention_equals_per_sequence_causal_attention():
-    torch.manual_seed(0)
-    layers, kv_heads, heads, d, block_size = 1, 2, 6, 8, 4
-    k_pool = torch.zeros(layers, 40 * block_size, kv_heads, d)
-    v_pool = torch.zeros_like(k_pool)
-    tables = [[3, 7, 1], [0, 2], [9, 4, 5, 6]]
-    cached, new = [5, 0, 9], [1, 7, 4]
-    full_k = [torch.randn(c + n, kv_heads, d) for c, n in zip(cached, new)]
-    full_v = [torch.randn(c + n, kv_heads, d) for c, n in zip(cached, new)]
-    for table, c, k, v in zip(tables, cached, full_k, full_v):  # the cached part is already in the pool
-        for i in range(c):
-            slot = table[i // block_size] * block_size + i % block_size
-            k_pool[0, slot], v_pool[0, slot] = k[i], v[i]
-    q = [torch.randn(n, heads, d) for n in new]
-    ctx = BatchAttention.build(k_pool, v_pool, block_size, tables, cached, new)
-    out = ctx.attend(0, torch.cat(q), torch.cat([k[c:] for k, c in zip(full_k, cached)]),
-                     torch.cat([v[c:] for v, c in zip(full_v, cached)]))
-    expected = torch.cat([causal_attention(qi, ki, vi) for qi, ki, vi in zip(q, full_k, full_v)])
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert_attention_matches_causal(BatchAttention, [[3, 7, 1], [0, 2], [9, 4, 5, 6]], [5, 0, 9], [1, 7, 4])
 
 
 PROMPTS = ["The capital of France is", "def quicksort(xs):", "Ingredients for pancakes:",

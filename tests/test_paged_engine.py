@@ -1,12 +1,10 @@
 """LLMEngine: paged KV, prefix caching and preemption keep greedy output equal to transformers."""
 
 import pytest
-import torch
 
-from conftest import hf_greedy
+from conftest import assert_attention_matches_causal, hf_greedy
 from rosellm_edu import LLM, LLMEngine, SamplingParams
 from rosellm_edu.engine.paged_attention import PagedAttention
-from rosellm_edu.layers.attention import causal_attention
 
 SYSTEM = "You are a helpful assistant who answers briefly and precisely. " * 3
 PROMPTS = [SYSTEM + "What is the capital of France?", "def quicksort(xs):", SYSTEM + "Name a prime number.",
@@ -15,24 +13,8 @@ LENGTHS = (12, 5, 20, 8, 15, 9)
 
 
 def test_paged_attention_equals_per_sequence_causal_attention():
-    torch.manual_seed(0)
-    kv_heads, heads, d, block_size, num_blocks = 2, 6, 8, 4, 16
-    k_pool = 100 * torch.randn(1, num_blocks * block_size, kv_heads, d)  # garbage that must not be read
-    v_pool = 100 * torch.randn(1, num_blocks * block_size, kv_heads, d)
-    tables = [[3, 7, 1], [0, 2], [9, 4, 5, 6], [11]]
-    cached, new = [5, 0, 9, 2], [1, 7, 4, 1]                  # decode, prefill, chunked prefill, decode
-    full_k = [torch.randn(c + n, kv_heads, d) for c, n in zip(cached, new)]
-    full_v = [torch.randn(c + n, kv_heads, d) for c, n in zip(cached, new)]
-    for table, c, k, v in zip(tables, cached, full_k, full_v):
-        for i in range(c):
-            slot = table[i // block_size] * block_size + i % block_size
-            k_pool[0, slot], v_pool[0, slot] = k[i], v[i]
-    q = [torch.randn(n, heads, d) for n in new]
-    ctx = PagedAttention.build(k_pool, v_pool, block_size, tables, cached, new)
-    out = ctx.attend(0, torch.cat(q), torch.cat([k[c:] for k, c in zip(full_k, cached)]),
-                     torch.cat([v[c:] for v, c in zip(full_v, cached)]))
-    expected = torch.cat([causal_attention(qi, ki, vi) for qi, ki, vi in zip(q, full_k, full_v)])
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    # a decode, a prefill, a chunk of a prefill, a decode
+    assert_attention_matches_causal(PagedAttention, [[3, 7, 1], [0, 2], [9, 4, 5, 6], [11]], [5, 0, 9, 2], [1, 7, 4, 1])
 
 
 def generate_and_check(hf_model, llm):
