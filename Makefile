@@ -18,7 +18,7 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 # The notebooks in the order of book.toml.
 BOOK_NOTEBOOKS = $$($(PY) -c "from rosellm_edu.export import load_book; print(*('notebooks/' + c.notebook for c in load_book()[1]))")
 
-.PHONY: setup model lab test export execute
+.PHONY: setup model lab test export execute book
 
 setup: $(STAMP) model
 
@@ -50,3 +50,7 @@ export: $(STAMP)
 execute: setup export
 	HF_HUB_OFFLINE=1 $(JUPYTER) nbconvert --to notebook --execute --inplace \
 		--ExecutePreprocessor.timeout=1200 $(BOOK_NOTEBOOKS)
+
+# The static HTML book from the executed notebooks, in book order (no re-run): open _build/book/index.html.
+book: $(STAMP)
+	$(PY) -m rosellm_edu.book --out _build/book
