@@ -6,6 +6,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from rosellm_edu.outputs import RequestOutput
 from rosellm_edu.sampling_params import SamplingParams
 
 
@@ -28,11 +29,34 @@ class Delta:
     error: str | None = None
 
 
+class DeltaTracker:
+    """What each request has been sent so far, so that its next output becomes a delta of only the new part."""
+
+    def __init__(self):
+        self.sent_tokens: dict[str, int] = {}
+        self.sent_text: dict[str, int] = {}
+        self.hold: dict[str, int] = {}   # characters held back: a stop string may still be forming there
+
+    def add(self, request_id: str, params: SamplingParams) -> None:
+        self.sent_tokens[request_id] = self.sent_text[request_id] = 0
+        self.hold[request_id] = max(map(len, params.stop), default=1) - 1
+
+    def next(self, out: RequestOutput) -> tuple[str, list[int]]:
+        """The text and token ids of out that were not sent yet; a finished request is forgotten."""
+        rid, completion = out.request_id, out.outputs[0]
+        text, sent = completion.text, self.sent_text[rid]
+        end = len(text) if out.finished else len(text.rstrip("\ufffd")) - self.hold[rid]
+        end = max(end, sent)
+        new_tokens = completion.token_ids[self.sent_tokens[rid]:]
+        self.sent_tokens[rid], self.sent_text[rid] = len(completion.token_ids), end
+        if out.finished:
+            del self.sent_tokens[rid], self.sent_text[rid], self.hold[rid]
+        return text[sent:end], new_tokens
+
+
 def stream(engine, requests: list[Request], clock=time.perf_counter) -> Iterator[Delta]:
     pending = deque(sorted(requests, key=lambda r: r.arrival_time))
-    sent_tokens: dict[str, int] = {}
-    sent_text: dict[str, int] = {}
-    hold = {r.request_id: max(map(len, r.params.stop), default=1) - 1 for r in requests}
+    tracker = DeltaTracker()
     start = clock()
     while pending or engine.has_unfinished_requests():
         now = clock() - start
@@ -40,17 +64,12 @@ def stream(engine, requests: list[Request], clock=time.perf_counter) -> Iterator
             r = pending.popleft()
             try:
                 engine.add_request(r.request_id, r.prompt, r.params)
-                sent_tokens[r.request_id] = sent_text[r.request_id] = 0
+                tracker.add(r.request_id, r.params)
             except (ValueError, TypeError) as e:
                 yield Delta(r.request_id, "", [], True, "error", now, error=str(e))
         if not engine.has_unfinished_requests():
             time.sleep(max(0.0, pending[0].arrival_time - now))
             continue
         for out in engine.step():
-            rid, completion = out.request_id, out.outputs[0]
-            text = completion.text
-            end = len(text) if out.finished else len(text.rstrip("\ufffd")) - hold[rid]
-            end = max(end, sent_text[rid])
-            yield Delta(rid, text[sent_text[rid]:end], completion.token_ids[sent_tokens[rid]:], out.finished,
-                        completion.finish_reason, clock() - start)
-            sent_tokens[rid], sent_text[rid] = len(completion.token_ids), end
+            text, token_ids = tracker.next(out)
+            yield Delta(out.request_id, text, token_ids, out.finished, out.outputs[0].finish_reason, clock() - start)
