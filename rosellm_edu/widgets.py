@@ -6,6 +6,7 @@ the state without a browser; the widgets only draw it.
 
 from __future__ import annotations
 
+import html
 import io
 from dataclasses import dataclass
 
@@ -15,6 +16,8 @@ import torch
 
 from rosellm_edu.sampler import filtered_logits, sample_token
 from rosellm_edu.sampling_params import SamplingParams
+
+KEPT_SHOWN = 20  # tokens named in the kept-token line; the count covers all of them
 
 
 @dataclass
@@ -37,6 +40,7 @@ class NextTokenExplorer:
         self.top_k = widgets.IntSlider(value=0, min=0, max=100, description="top_k (0=off)")
         self.top_p = widgets.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05, description="top_p")
         self.resample = widgets.Button(description="sample again")
+        self.kept_tokens = widgets.HTML()
         self.chart = widgets.Image(format="png")
         self._logits_for: tuple[str, torch.Tensor] | None = None
         self.state = self.compute()
@@ -44,7 +48,7 @@ class NextTokenExplorer:
             control.observe(self._on_change, names="value")
         self.resample.on_click(self._on_change)
         self.widget = widgets.VBox([self.prompt, widgets.HBox([self.temperature, self.top_k, self.top_p]),
-                                    self.resample, self.chart])
+                                    self.resample, self.kept_tokens, self.chart])
         self.draw()
 
     def next_token_logits(self) -> torch.Tensor:
@@ -90,3 +94,11 @@ class NextTokenExplorer:
         fig.savefig(png, format="png", dpi=80)
         plt.close(fig)
         self.chart.value = png.getvalue()
+        self.kept_tokens.value = kept_tokens_text(self.tokenizer, s.kept_ids)
+
+
+def kept_tokens_text(tokenizer, kept_ids: list[int]) -> str:
+    """The kept-token line: how many tokens the filters keep and the most likely of them, as HTML."""
+    shown = ", ".join(repr(tokenizer.decode([t])) for t in kept_ids[:KEPT_SHOWN])
+    more = ", …" if len(kept_ids) > KEPT_SHOWN else ""
+    return f"<b>{len(kept_ids)} tokens kept</b>, most likely first: {html.escape(shown)}{more}"

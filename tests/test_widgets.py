@@ -1,5 +1,7 @@
 """The next-token explorer's logic, driven through its sliders without a browser."""
 
+import html
+
 import pytest
 import torch
 
@@ -61,3 +63,12 @@ def test_the_chart_is_redrawn_when_a_slider_moves(explorer):
     explorer.top_k.value = 3
     after = bytes(explorer.chart.value)
     assert after != before and after.startswith(b"\x89PNG")
+
+
+def test_the_kept_token_line_names_the_kept_tokens(explorer, tokenizer):
+    explorer.top_k.value = 5
+    kept = sorted(expected_kept(explorer, top_k=5), key=lambda t: -float(explorer.next_token_logits()[t]))
+    line = explorer.kept_tokens.value
+    assert line.startswith("<b>5 tokens kept</b>")
+    positions = [line.index(html.escape(repr(tokenizer.decode([t])))) for t in kept]
+    assert positions == sorted(positions)  # most likely first
