@@ -89,18 +89,22 @@ def test_every_relative_link_resolves_and_none_points_to_a_notebook(built):
                 assert url.fragment in ids or unquote(url.fragment) in ids, f"{page.name}: no anchor for {link}"
 
 
-def test_chapter_pages_show_their_notebooks_printed_output(built):
+def test_chapter_pages_show_their_notebooks_outputs(built):
     out, _ = built
     _, chapters = load_book()
     for chapter in chapters:
         notebook = nbformat.read(book.ROOT / "notebooks" / chapter.notebook, as_version=4)
-        printed = [line.strip() for cell in notebook.cells if cell.cell_type == "code"
-                   for o in cell.outputs if o.output_type == "stream" and o.name == "stdout"
+        outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+        assert outputs, f"{chapter.notebook} has no outputs: is it executed?"
+        printed = [line.strip() for o in outputs if o.output_type == "stream" and o.name == "stdout"
                    for line in o.text.splitlines() if line.strip()]
-        assert printed, f"{chapter.notebook} prints nothing: is it executed?"
-        text = " ".join(parse(out / book.page_name(chapter.notebook)).text)
-        missing = [line for line in printed if line not in text]
-        assert missing == [], f"{chapter.notebook}: printed lines missing from its page"
+        images = ["".join(o.data["image/png"].split()) for o in outputs if "image/png" in o.get("data", {})]
+        page = out / book.page_name(chapter.notebook)
+        text = " ".join(parse(page).text)
+        assert [line for line in printed if line not in text] == [], f"{chapter.notebook}: printed lines missing"
+        sources = set(parse(page).links)
+        assert [i for i in images if f"data:image/png;base64,{i}" not in sources] == [], \
+            f"{chapter.notebook}: plots missing"
 
 
 # The link rewriting, on a two-chapter book built in a temporary directory.
