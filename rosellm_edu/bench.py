@@ -1,13 +1,16 @@
 """Benchmark the engine against transformers on a named workload.
 
     python -m rosellm_edu.bench --workload mixed --engines llm,transformers,naive --dtypes float32,bfloat16
+    python -m rosellm_edu.bench --workload mixed --engines openai --url http://127.0.0.1:8000/v1
 
 Every configuration runs in this one process on the same requests, so the ratios it prints are side by side.
 `naive` is transformers' generate called one request at a time; `transformers` pads batches of requests to
-their longest prompt and runs them to their longest output, at each of --hf-batch-sizes.
+their longest prompt and runs them to their longest output, at each of --hf-batch-sizes. `openai` drives any OpenAI-compatible server at --url (ours from
+`rosellm-edu serve`, or vLLM, SGLang), streaming, with the same metrics (rosellm_edu.bench_client).
 """
 
 import argparse
+import asyncio
 import json
 import platform
 import time
@@ -17,6 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rosellm_edu import model_loader
+from rosellm_edu.bench_client import run_openai
 from rosellm_edu.metrics import RequestTimes, format_summary, summarize
 from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.streaming import Request, stream
@@ -45,12 +49,8 @@ def run_llm(model_dir, dtype, requests, request_rate: float, engine_kwargs: dict
     warmup = [Request(f"warmup{i}", {"prompt_token_ids": p[:32]}, greedy(8)) for i, (p, _) in enumerate(requests[:4])]
     for _ in stream(engine, warmup):
         pass
-    arrivals = [0.0] * len(requests)
-    if request_rate != float("inf"):
-        gen = torch.Generator().manual_seed(1)
-        arrivals = torch.empty(len(requests)).exponential_(request_rate, generator=gen).cumsum(0).tolist()
     reqs = [Request(str(i), {"prompt_token_ids": p}, greedy(n), t) for i, ((p, n), t) in
-            enumerate(zip(requests, arrivals))]
+            enumerate(zip(requests, arrival_times(len(requests), request_rate)))]
     times = {r.request_id: RequestTimes(r.arrival_time, prompt_tokens=len(r.prompt["prompt_token_ids"])) for r in reqs}
     start = time.perf_counter()
     with tqdm(total=len(reqs), desc=f"llm {dtype}", leave=False) as bar:
@@ -65,6 +65,14 @@ def run_llm(model_dir, dtype, requests, request_rate: float, engine_kwargs: dict
     summary["kv_cache_stats"] = engine.kv_cache_stats()
     summary["preemptions"] = engine.scheduler.num_preemptions
     return summary
+
+
+def arrival_times(num_requests: int, request_rate: float) -> list[float]:
+    """Seeded Poisson arrivals, in seconds after the start; all at 0 for an infinite rate (offline)."""
+    if request_rate == float("inf"):
+        return [0.0] * num_requests
+    gen = torch.Generator().manual_seed(1)
+    return torch.empty(num_requests).exponential_(request_rate, generator=gen).cumsum(0).tolist()
 
 
 def matmul_floor(model, prompt_tokens: int, completion_tokens: int, dtype: str) -> float:
@@ -131,7 +139,9 @@ def main(argv=None) -> None:
     parser.add_argument("--workload", default="mixed", choices=["mixed", "equal", "shared-prefix"])
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--engines", default="llm", help="comma list of llm, transformers, naive")
+    parser.add_argument("--engines", default="llm", help="comma list of llm, transformers, naive, openai")
+    parser.add_argument("--url", help="openai engine: base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--served-model-name", help="openai engine: the model to ask for (default: the server's first)")
     parser.add_argument("--dtypes", default="float32", help="comma list of float32, bfloat16")
     parser.add_argument("--hf-batch-sizes", default="8,16,32,64", help="batch sizes tried for transformers")
     parser.add_argument("--request-rate", type=float, default=float("inf"),
@@ -159,8 +169,13 @@ def main(argv=None) -> None:
                 runs = [run_transformers(model_dir, dtype, requests, int(b)) for b in args.hf_batch_sizes.split(",")]
             elif engine == "naive":
                 runs = [run_transformers(model_dir, dtype, requests, 1)]
+            elif engine == "openai":   # the server chooses its own dtype
+                if not args.url:
+                    raise SystemExit("--engines openai needs --url, e.g. --url http://127.0.0.1:8000/v1")
+                arrivals = arrival_times(len(requests), args.request_rate)
+                runs = [asyncio.run(run_openai(args.url, requests, arrivals, args.served_model_name))]
             else:
-                raise SystemExit(f"unknown engine {engine!r}; choose llm, transformers or naive")
+                raise SystemExit(f"unknown engine {engine!r}; choose llm, transformers, naive or openai")
             for summary in runs:
                 title = f"{engine} {dtype}" + (f" batch={summary['batch_size']}" if engine == "transformers" else "")
                 print(format_summary(summary, title), flush=True)

@@ -1,0 +1,61 @@
+"""The `rosellm-edu` command.
+
+    rosellm-edu serve --host 127.0.0.1 --port 8000 [--model DIR_OR_ID]   an OpenAI-compatible server
+    rosellm-edu bench --engines openai --url http://127.0.0.1:8000/v1    the benchmark (see rosellm_edu.bench)
+"""
+
+import argparse
+import sys
+
+
+def serve(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="rosellm-edu serve", description="Serve the engine over OpenAI's API.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", default=None, help="model directory or hub id (default: the embedded SmolLM2)")
+    parser.add_argument("--served-model-name", default=None, help="the name clients use (default: --model)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--num-kv-blocks", type=int, default=2048)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    args = parser.parse_args(argv)
+
+    import uvicorn
+
+    from rosellm_edu.engine import LLMEngine
+    from rosellm_edu.engine.async_llm_engine import AsyncLLMEngine
+    from rosellm_edu.entrypoints.openai.api_server import build_app
+    from rosellm_edu.model_loader import EMBEDDED_NAME
+
+    engine = AsyncLLMEngine(LLMEngine(args.model, dtype=args.dtype, num_kv_blocks=args.num_kv_blocks,
+                                      block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+                                      max_num_batched_tokens=args.max_num_batched_tokens,
+                                      enable_prefix_caching=not args.no_prefix_caching))
+    name = args.served_model_name or args.model or EMBEDDED_NAME
+    print(f"serving {name!r} at http://{args.host}:{args.port}/v1", flush=True)
+    try:
+        uvicorn.run(build_app(engine, name), host=args.host, port=args.port)
+    finally:
+        engine.shutdown()
+
+
+def bench(argv: list[str]) -> None:
+    from rosellm_edu.bench import main
+
+    main(argv)
+
+
+COMMANDS = {"serve": serve, "bench": bench}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        sys.exit(__doc__.strip())
+    COMMANDS[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Servers in front of the engine."""

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server: its protocol models and its FastAPI app."""
