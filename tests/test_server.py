@@ -313,3 +313,26 @@ def test_cli_without_a_command_prints_its_usage():
 
     with pytest.raises(SystemExit, match="rosellm-edu serve"):
         main([])
+
+
+def test_a_failing_engine_step_fails_its_requests_not_the_server(server, client):
+    url, engine = server
+
+    def failing_step():
+        del engine.engine.step   # fail once, then step as before
+        raise RuntimeError("simulated fault")
+
+    engine.engine.step = failing_step
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", url + "/completions", json=body, timeout=60) as r:
+        events = [line.removeprefix("data: ") for line in r.iter_lines() if line]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["type"] == "server_error" and "simulated fault" in error["message"]
+    wait_until_all_blocks_free(engine)
+
+    engine.engine.step = failing_step
+    r = httpx.post(url + "/completions", json={**body, "stream": False}, timeout=60)
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=2).usage.completion_tokens >= 1
+    wait_until_all_blocks_free(engine)
