@@ -179,6 +179,8 @@ BAD_REQUESTS = [
     ("/completions", {"model": MODEL, "prompt": [10**9]}, 400, None),
     ("/completions", {"model": MODEL, "prompt": ["a", "b"]}, 400, None),
     ("/completions", {"model": MODEL}, 400, "prompt"),
+    ("/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
+     400, "max_tokens"),
     ("/chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
     ("/chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}, 400, "messages.0.role"),
 ]

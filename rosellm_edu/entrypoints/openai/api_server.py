@@ -215,8 +215,9 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> R
     except Exception as e:   # the template itself may refuse a conversation (e.g. roles out of order)
         raise OpenAIError(400, f"messages: the model's chat template failed: {e}", "messages") from e
     room = max(state.engine.engine.max_model_len - len(prompt_ids), 1)   # too long: the engine says so
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     try:
-        params = body.to_sampling_params(body.max_completion_tokens or body.max_tokens or room)
+        params = body.to_sampling_params(room if max_tokens is None else max_tokens)
     except ValueError as e:
         raise invalid_parameter(e) from e
     request_id, created = random_id("chatcmpl"), int(time.time())
