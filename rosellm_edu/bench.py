@@ -42,14 +42,15 @@ def workload(name: str, num_requests: int, vocab_size: int, seed: int) -> list[t
     raise ValueError(f"unknown workload {name!r}; choose mixed, equal or shared-prefix")
 
 
-def run_llm(model_dir, dtype, requests, request_rate: float, engine_kwargs: dict) -> dict:
+def run_llm(model_dir, dtype, requests, request_rate: float, engine_kwargs: dict, sampling: dict) -> dict:
     from rosellm_edu.engine import LLMEngine
 
     engine = LLMEngine(model_dir, dtype=dtype, **engine_kwargs)
-    warmup = [Request(f"warmup{i}", {"prompt_token_ids": p[:32]}, greedy(8)) for i, (p, _) in enumerate(requests[:4])]
+    warmup = [Request(f"warmup{i}", {"prompt_token_ids": p[:32]}, request_params(8, sampling))
+              for i, (p, _) in enumerate(requests[:4])]
     for _ in stream(engine, warmup):
         pass
-    reqs = [Request(str(i), {"prompt_token_ids": p}, greedy(n), t) for i, ((p, n), t) in
+    reqs = [Request(str(i), {"prompt_token_ids": p}, request_params(n, sampling), t) for i, ((p, n), t) in
             enumerate(zip(requests, arrival_times(len(requests), request_rate)))]
     times = {r.request_id: RequestTimes(r.arrival_time, prompt_tokens=len(r.prompt["prompt_token_ids"])) for r in reqs}
     start = time.perf_counter()
@@ -98,15 +99,18 @@ def matmul_floor(model, prompt_tokens: int, completion_tokens: int, dtype: str) 
     return prompt_tokens * prefill + completion_tokens * decode
 
 
-def greedy(max_tokens: int) -> SamplingParams:
-    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+def request_params(max_tokens: int, sampling: dict) -> SamplingParams:
+    """Exactly max_tokens tokens (EOS ignored), with the benchmark's temperature / top_k / top_p."""
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling)
 
 
-def run_transformers(model_dir, dtype, requests, batch_size: int) -> dict:
+def run_transformers(model_dir, dtype, requests, batch_size: int, sampling: dict) -> dict:
     """Padded batches in arrival order; each request keeps only its own output length."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+    draw = dict(do_sample=False) if sampling["temperature"] == 0 else dict(   # transformers' top_k 0 is off
+        do_sample=True, temperature=sampling["temperature"], top_k=max(sampling["top_k"], 0), top_p=sampling["top_p"])
 
     def generate(batch):
         width = max(len(p) for p, _ in batch)
@@ -115,7 +119,7 @@ def run_transformers(model_dir, dtype, requests, batch_size: int) -> dict:
         new = max(n for _, n in batch)
         with torch.no_grad():
             model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                           do_sample=False, eos_token_id=None, pad_token_id=0)
+                           eos_token_id=None, pad_token_id=0, **draw)
 
     generate(requests[:2])                                                           # warm-up
     times = []
@@ -152,6 +156,9 @@ def main(argv=None) -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--json", help="write every result to this file")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 (the default) is greedy")
+    parser.add_argument("--top-k", type=int, default=0, help="<= 0: off")
+    parser.add_argument("--top-p", type=float, default=1.0, help="1: off")
     args = parser.parse_args(argv)
 
     model_dir = model_loader.resolve_model(args.model)
@@ -160,15 +167,18 @@ def main(argv=None) -> None:
     engine_kwargs = dict(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                          num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
                          enable_prefix_caching=not args.no_prefix_caching)
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    SamplingParams(**sampling)                                  # a bad setting fails here, naming the field
     results = []
     for dtype in args.dtypes.split(","):
         for engine in args.engines.split(","):
             if engine == "llm":
-                runs = [run_llm(model_dir, dtype, requests, args.request_rate, engine_kwargs)]
+                runs = [run_llm(model_dir, dtype, requests, args.request_rate, engine_kwargs, sampling)]
             elif engine == "transformers":
-                runs = [run_transformers(model_dir, dtype, requests, int(b)) for b in args.hf_batch_sizes.split(",")]
+                runs = [run_transformers(model_dir, dtype, requests, int(b), sampling)
+                        for b in args.hf_batch_sizes.split(",")]
             elif engine == "naive":
-                runs = [run_transformers(model_dir, dtype, requests, 1)]
+                runs = [run_transformers(model_dir, dtype, requests, 1, sampling)]
             elif engine == "openai":   # the server chooses its own dtype
                 if not args.url:
                     raise SystemExit("--engines openai needs --url, e.g. --url http://127.0.0.1:8000/v1")

@@ -11,6 +11,8 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None     # "stop", "length", or None while running
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+    sampling_mask: list[list[int]] | None = None  # chapter 06: per token, the sorted ids it was drawn from
+    sampling_logz: list[float] | None = None      # chapter 06: per token, log of the softmax mass kept
 
 
 @dataclass

@@ -15,6 +15,7 @@ class SamplingParams:
     stop: str | list[str] | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    return_sampling_mask: bool = False   # chapter 06: each token's kept vocabulary ids and logZ
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -41,6 +42,8 @@ class SamplingParams:
             fail("stop", "must be a non-empty string or a list of them")
         if not all(_is_int(t) for t in self.stop_token_ids):
             fail("stop_token_ids", "must be a list of integers")
+        if not isinstance(self.return_sampling_mask, bool):
+            fail("return_sampling_mask", "must be True or False")
 
     @property
     def greedy(self) -> bool:

@@ -28,10 +28,14 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     generator: torch.Generator | None = None   # set when the request has its own seed
+    sampling_mask: list[list[int]] | None = None  # kept ids per token, when params.return_sampling_mask
+    sampling_logz: list[float] | None = None
 
     def __post_init__(self):
         if self.params.seed is not None:
             self.generator = torch.Generator().manual_seed(self.params.seed)
+        if self.params.return_sampling_mask:
+            self.sampling_mask, self.sampling_logz = [], []
 
     @property
     def token_ids(self) -> list[int]:
@@ -46,6 +50,14 @@ class Sequence:
 
     def finish(self, reason: str, stop_reason: str | int | None = None) -> None:
         self.status, self.finish_reason, self.stop_reason = SequenceStatus.FINISHED, reason, stop_reason
+
+    def record_sampling_mask(self, mask: list[int] | None, logz: float) -> None:
+        """Keep the support the next token is drawn from; None (nothing truncated) makes the whole mask None."""
+        self.sampling_logz.append(logz)
+        if mask is None:
+            self.sampling_mask = None
+        else:
+            self.sampling_mask.append(mask)
 
     def append_token(self, token: int, tokenizer, eos_token_ids: set[int], max_model_len: int) -> None:
         """Add one generated token, update the text, and decide whether the sequence is finished."""
@@ -71,6 +83,10 @@ class Sequence:
 
     def output(self) -> RequestOutput:
         completion = CompletionOutput(0, self.text, list(self.output_token_ids), self.finish_reason,
-                                      self.stop_reason)
+                                      self.stop_reason, _copy(self.sampling_mask), _copy(self.sampling_logz))
         return RequestOutput(self.request_id, self.prompt, list(self.prompt_token_ids), [completion],
                              self.finished)
+
+
+def _copy(values: list | None) -> list | None:
+    return None if values is None else list(values)

@@ -1,0 +1,164 @@
+# Generated from notebooks/06_fast_sampling.ipynb by `python -m rosellm_edu.export`.
+# Edit the notebook, not this file.
+
+from dataclasses import dataclass
+
+import torch
+
+from rosellm_edu.sampling_params import SamplingParams
+
+SAMPLING_MASK_CAP = 2048   # the most vocabulary ids one sampling mask lists
+TOP_P_CANDIDATES = 1024    # top-p without top-k first looks at this many tokens, then falls back to a full sort
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    sampling_masks: list[list[int] | None]  # sorted kept ids per row; None where not asked or nothing truncated
+    sampling_logz: list[float | None]       # log of the kept softmax mass per row; None where not asked
+
+
+def effective_top_k(params: SamplingParams, vocab_size: int) -> int:
+    """top_k clamped to the vocabulary: off (<= 0) or too large means all `vocab_size` tokens."""
+    return params.top_k if 0 < params.top_k < vocab_size else vocab_size
+
+
+def candidate_width(params: SamplingParams, vocab_size: int, whole: bool = False) -> int:
+    """How many of its most likely tokens a row looks at: its top k; for top-p alone TOP_P_CANDIDATES, or the
+    whole vocabulary when those fell short."""
+    top_k = effective_top_k(params, vocab_size)
+    return top_k if top_k < vocab_size or whole else min(vocab_size, TOP_P_CANDIDATES)
+
+
+def truncates(params: SamplingParams, vocab_size: int) -> bool:
+    """Does a request draw from less than the whole vocabulary?"""
+    return params.greedy or effective_top_k(params, vocab_size) < vocab_size or params.top_p < 1
+
+
+def rows(logits: torch.Tensor, indices: list[int]) -> torch.Tensor:
+    """logits[indices], without a copy when that is every row."""
+    return logits if len(indices) == logits.shape[0] else logits[indices]
+
+
+@dataclass
+class Candidates:
+    """Each row's most likely tokens, sorted, and the distribution that survives top-k then top-p on them."""
+    ids: torch.Tensor       # (n, K) vocabulary ids, most likely first
+    logits: torch.Tensor    # (n, K) their logits after temperature
+    kept: torch.Tensor      # (n, K) bool, a prefix of each row: the support a token is drawn from
+    probs: torch.Tensor     # (n, K) the filtered distribution, renormalised; 0 where not kept
+    complete: torch.Tensor  # (n,) bool: top-p was decided within the K candidates (always, when top-k is on)
+
+
+def top_k_top_p_candidates(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
+                           widths: list[int]) -> Candidates:
+    """Chapter 01's filter (temperature, top-k, renormalise, top-p keeping the token that crosses p) computed on
+    each row's `widths[row]` most likely tokens of logits (n, V), instead of on a sort of the whole vocabulary.
+    Per row: top_k clamped to [1, V] (V = off), widths[row] == top_k[row] where top-k is on; top_p 1 = off."""
+    vocab_size, device = logits.shape[1], logits.device
+    width = torch.tensor(widths, device=device)[:, None]               # (n, 1)
+    p = torch.tensor(top_p, device=device)[:, None]                     # (n, 1)
+    t = torch.tensor(temperature, device=device)[:, None]               # (n, 1)
+    top, ids = logits.topk(max(widths), dim=-1)                        # (n, K), sorted descending
+    scaled = top.float() / t                                           # temperature keeps the order: scale K, not V
+    in_width = torch.arange(scaled.shape[1], device=device) < width    # (n, K)
+    # top-k renormalises over the top k ...
+    probs = scaled.masked_fill(~in_width, -torch.inf).softmax(dim=-1)  # (n, K)
+    off = [i for i, k in enumerate(top_k) if k == vocab_size]
+    if off:  # ... but top-p alone reads the whole vocabulary's distribution
+        whole = (rows(logits, off).float() / t[off]).softmax(dim=-1)   # (n_off, V)
+        probs[off] = whole.gather(-1, ids[off]) * in_width[off]
+    mass_before = probs.cumsum(dim=-1) - probs
+    kept = in_width & ((mass_before < p) | (p >= 1))                   # the token that crosses p stays
+    top_k_on = torch.tensor([k < vocab_size for k in top_k], device=device)
+    complete = top_k_on | (width[:, 0] == vocab_size) | (probs.sum(dim=-1) >= p[:, 0])
+    probs = probs * kept
+    return Candidates(ids, scaled, kept, probs / probs.sum(dim=-1, keepdim=True), complete)
+
+
+def random_sample(probs: torch.Tensor, widths: list[int], generators: list[torch.Generator | None],
+                  generator: torch.Generator | None) -> torch.Tensor:
+    """Exponential race: argmax(probs / Exp(1)) is index i with probability probs[i] / sum(probs), without
+    torch.multinomial. probs (n, K) -> (n,). A seeded row draws exactly widths[row] numbers from its own
+    generator, so its draw does not depend on the rows beside it; the other rows share one call on `generator`."""
+    noise = torch.empty_like(probs)
+    shared = [i for i, g in enumerate(generators) if g is None]
+    if len(shared) == len(generators):
+        noise.exponential_(generator=generator)
+    elif shared:
+        noise[shared] = torch.empty(len(shared), probs.shape[1], device=probs.device).exponential_(generator=generator)
+    for i, g in enumerate(generators):
+        if g is not None:
+            noise[i, :widths[i]].exponential_(generator=g)
+            noise[i, widths[i]:] = 1.0             # outside the row's own candidates: probability 0 anyway
+    noise.clamp_min_(torch.finfo(noise.dtype).tiny)  # Exp(1) can round to 0, and 0 / 0 would win the argmax
+    return (probs / noise).argmax(dim=-1)
+
+
+def draw_truncated(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+                   generator: torch.Generator | None, whole: bool = False) -> tuple[torch.Tensor, Candidates]:
+    """Draw one token per row of logits (n, V) from its top-k/top-p candidates; -1 where top-p alone needs
+    more than TOP_P_CANDIDATES tokens (a flat distribution). whole: look at the whole vocabulary instead."""
+    vocab_size = logits.shape[1]
+    top_k = [effective_top_k(p, vocab_size) for p in params]
+    widths = [candidate_width(p, vocab_size, whole) for p in params]
+    cand = top_k_top_p_candidates(logits, [p.temperature for p in params], top_k, [p.top_p for p in params], widths)
+    choice = random_sample(cand.probs, widths, generators, generator)                  # (n,) positions
+    tokens = cand.ids.gather(-1, choice[:, None]).squeeze(-1)                           # (n,) vocabulary ids
+    return torch.where(cand.complete, tokens, -1), cand
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+           generator: torch.Generator | None = None) -> SamplerOutput:
+    """One token per row of logits (B, V), each row with its own parameters, in one device->host transfer
+    (more only for rows that ask for a sampling mask, or when top-p alone needs a full sort).
+    generators[row]: the request's own generator when it has a seed, else None (it then uses `generator`)."""
+    vocab_size = logits.shape[1]
+    tokens = torch.empty(len(params), dtype=torch.long, device=logits.device)
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    full = [i for i, p in enumerate(params) if not truncates(p, vocab_size)]
+    cut = [i for i, p in enumerate(params) if truncates(p, vocab_size) and not p.greedy]
+    if greedy:
+        tokens[greedy] = rows(logits, greedy).argmax(dim=-1)
+    if full:
+        temperature = torch.tensor([params[i].temperature for i in full], device=logits.device)[:, None]
+        probs = (rows(logits, full).float() / temperature).softmax(dim=-1)              # (n, V)
+        tokens[full] = random_sample(probs, [vocab_size] * len(full), [generators[i] for i in full], generator)
+    candidates = {}
+    if cut:
+        tokens[cut], cand = draw_truncated(rows(logits, cut), [params[i] for i in cut],
+                                           [generators[i] for i in cut], generator)
+        candidates.update({row: (cand, j) for j, row in enumerate(cut)})
+    token_ids = tokens.tolist()                                                         # the one transfer
+    redo = [i for i in cut if token_ids[i] < 0]
+    if redo:  # exact fallback: these rows' top-p set is larger than TOP_P_CANDIDATES, so sort them whole
+        again, cand = draw_truncated(logits[redo], [params[i] for i in redo], [generators[i] for i in redo],
+                                     generator, whole=True)
+        for j, (row, token) in enumerate(zip(redo, again.tolist())):
+            token_ids[row], candidates[row] = token, (cand, j)
+    masks, logz = [None] * len(params), [None] * len(params)
+    for i, p in enumerate(params):
+        if p.return_sampling_mask:
+            masks[i], logz[i] = sampling_mask(logits[i], p, token_ids[i], candidates.get(i))
+    return SamplerOutput(token_ids, masks, logz)
+
+
+def sampling_mask(logits: torch.Tensor, params: SamplingParams, token: int,
+                  candidates: tuple[Candidates, int] | None) -> tuple[list[int] | None, float]:
+    """The support one row's token was drawn from (sorted vocabulary ids) and logZ, the log of the softmax
+    mass (after temperature) it keeps, so that log pi_mask = log pi_full - logZ on it.
+    - nothing truncated (top-k off, top-p 1): None and 0.0, rather than the whole vocabulary;
+    - greedy: [token] and the log of its probability under the softmax of the raw logits (log pi_mask = 0);
+    - more than SAMPLING_MASK_CAP ids kept: the SAMPLING_MASK_CAP most likely ones, with the sampled token
+      always among them; logZ still covers the whole kept set, so log pi_mask stays exact for every listed id."""
+    if params.greedy:
+        return [token], logits.float().log_softmax(dim=-1)[token].item()
+    if candidates is None:
+        return None, 0.0
+    cand, row = candidates
+    kept = int(cand.kept[row].sum())
+    ids = cand.ids[row, :min(kept, SAMPLING_MASK_CAP)].tolist()
+    if token not in ids:
+        ids[-1] = token
+    full_mass = (logits.float() / params.temperature).logsumexp(dim=-1)
+    return sorted(ids), (cand.logits[row, :kept].logsumexp(dim=-1) - full_mass).item()

@@ -1,0 +1,96 @@
+"""python -m rosellm_edu.bench_sampler: chapter 01's full-sort sampler vs chapter 06's batched sampler on
+[B, V] logits, side by side in one run, as a table (and optionally JSON).
+
+The logits are random normal times --logit-scale (default 5): top-p 0.9 then keeps a few dozen tokens per row,
+close to a small model's real next-token distributions (chapter 06 counts them on SmolLM2)."""
+
+import argparse
+import json
+import os
+import platform
+import time
+from datetime import datetime, timezone
+
+import torch
+
+from rosellm_edu import batch_sampler, sampler
+from rosellm_edu.sampling_params import SamplingParams
+
+SETTINGS = {
+    "greedy": SamplingParams(temperature=0),
+    "top-k 40": SamplingParams(top_k=40),
+    "top-k 40 + top-p 0.9": SamplingParams(top_k=40, top_p=0.9),
+    "top-p 0.9": SamplingParams(top_p=0.9),
+}
+
+
+def full_sort(logits: torch.Tensor, params: SamplingParams) -> list[int]:
+    """Chapter 01's sampler on the whole batch at once: a sort of the whole vocabulary whenever top-p is on."""
+    return sampler.sample(logits, params).tolist()
+
+
+def fast(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> list[int]:
+    rows = logits.shape[0]
+    return batch_sampler.sample(logits, [params] * rows, [None] * rows, generator).token_ids
+
+
+def best_ms(fn, repeat: int) -> float:
+    return side_by_side_ms({"fn": fn}, repeat)["fn"]
+
+
+def side_by_side_ms(fns: dict, repeat: int) -> dict[str, float]:
+    """Best time of each function in ms, the runs interleaved so that a busy moment of a shared machine hits all."""
+    for fn in fns.values():
+        fn()                                               # warm-up
+    best = {name: float("inf") for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], 1e3 * (time.perf_counter() - start))
+    return best
+
+
+def run(batch_sizes: list[int], vocab_sizes: list[int], scale: float, repeat: int) -> list[dict]:
+    rows, generator = [], torch.Generator().manual_seed(0)
+    for vocab in vocab_sizes:
+        for batch in batch_sizes:
+            logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(batch)) * scale
+            for name, params in SETTINGS.items():
+                slow_ms, fast_ms = side_by_side_ms({"full sort": lambda: full_sort(logits, params),
+                                                    "fast": lambda: fast(logits, params, generator)}, repeat).values()
+                rows.append(dict(vocab=vocab, batch=batch, setting=name, full_sort_ms=slow_ms, fast_ms=fast_ms,
+                                 speedup=slow_ms / fast_ms))
+                print(f"V={vocab:>6} B={batch:>4} {name:<22} full sort {slow_ms:9.2f} ms   fast {fast_ms:8.2f} ms   "
+                      f"{slow_ms / fast_ms:6.1f}x", flush=True)
+    return rows
+
+
+def machine() -> str:
+    """The CPU's model name (or the GPU's), threads and torch version."""
+    name = platform.processor() or platform.machine()
+    if os.path.exists("/proc/cpuinfo"):
+        name = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                    name)
+    return f"{name}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-sizes", default="1,8,64,256")
+    parser.add_argument("--vocab-sizes", default="49152,50257")
+    parser.add_argument("--logit-scale", type=float, default=5.0)
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs per cell; the best is reported")
+    parser.add_argument("--json", help="also write the rows, machine and date to this file")
+    args = parser.parse_args(argv)
+    print(f"Machine: {machine()}; {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
+    rows = run([int(b) for b in args.batch_sizes.split(",")], [int(v) for v in args.vocab_sizes.split(",")],
+               args.logit_scale, args.repeat)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(machine=machine(), date=datetime.now(timezone.utc).isoformat(), rows=rows,
+                           logit_scale=args.logit_scale), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
