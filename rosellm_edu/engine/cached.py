@@ -17,10 +17,11 @@ class CachedEngine(NaiveEngine):
         cache = self.caches.get(seq.request_id)
         if cache is None:  # prefill: the whole prompt in one forward pass
             max_len = min(len(seq) + seq.params.max_tokens, self.max_model_len)
-            cache = self.caches[seq.request_id] = ContiguousKVCache(self.model.config, max_len, self.dtype)
-            new_tokens = torch.tensor(seq.token_ids)
+            cache = self.caches[seq.request_id] = ContiguousKVCache(self.model.config, max_len, self.dtype,
+                                                                    self.device)
+            new_tokens = torch.tensor(seq.token_ids, device=self.device)
         else:              # decode: only the token sampled last step
-            new_tokens = torch.tensor(seq.token_ids[-1:])
+            new_tokens = torch.tensor(seq.token_ids[-1:], device=self.device)
         hidden = cache.extend(self.model, new_tokens)
         return self.model.compute_logits(hidden[-1])
 

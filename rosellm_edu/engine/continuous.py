@@ -14,6 +14,7 @@ from rosellm_edu.sampling_params import SamplingParams
 
 class ContinuousBatchingEngine(EngineBase):
     attention_cls = BatchAttention
+    pool_cls = KVPool
 
     def __init__(self, model: str | None = None, *, num_kv_blocks: int = 512, block_size: int = 16,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, **kwargs):
@@ -22,7 +23,7 @@ class ContinuousBatchingEngine(EngineBase):
                             ("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)]:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{type(self).__name__} {name} must be a positive integer, got {value!r}")
-        self.pool = KVPool(self.model.config, num_kv_blocks, block_size, self.dtype)
+        self.pool = self.pool_cls(self.model.config, num_kv_blocks, block_size, self.dtype, self.device)
         self.scheduler = self.make_scheduler(max_num_seqs, max_num_batched_tokens)
 
     def make_scheduler(self, max_num_seqs: int, max_num_batched_tokens: int) -> Scheduler:
@@ -76,10 +77,12 @@ class ContinuousBatchingEngine(EngineBase):
         tables = [self.scheduler.allocator.block_tables[s.seq.request_id] for s in batch]
         ctx = self.attention_cls.build(self.pool.k, self.pool.v, self.pool.block_size, tables,
                                    [s.num_cached for s in batch], [s.num_new for s in batch])
-        hidden = self.model(torch.tensor(ids), torch.tensor(positions), ctx)
+        hidden = self.model(torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device), ctx)
         return self.model.compute_logits(hidden[last_rows])
 
     def pick_tokens(self, seqs, logits: torch.Tensor) -> list[int]:
+        if not all(seq.params.greedy for seq in seqs):
+            logits = logits.cpu()                 # one transfer: the sampler's generators live on the CPU
         greedy = logits.argmax(dim=-1).tolist()  # one device->host transfer for every greedy row
         return [greedy[i] if seq.params.greedy else sample_token(logits[i], seq.params, seq.generator or self.generator)
                 for i, seq in enumerate(seqs)]

@@ -25,10 +25,14 @@ def as_dtype(dtype: str | torch.dtype) -> torch.dtype:
 class EngineBase:
     """What every engine shares: the model, the tokenizer, and the checks a new request must pass."""
 
-    def __init__(self, model: str | None = None, *, dtype: str | torch.dtype = "float32", seed: int = 0):
+    def __init__(self, model: str | None = None, *, dtype: str | torch.dtype = "float32", seed: int = 0,
+                 device: str | torch.device | None = None):
         path = resolve_model(model)
         self.dtype = as_dtype(dtype)
-        self.model = load_model(path, self.dtype)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {str(device)!r} was asked for, but torch sees no CUDA device here")
+        self.model = load_model(path, self.dtype, self.device)
         self.tokenizer = load_tokenizer(path)
         config = self.model.config
         self.vocab_size = config.vocab_size
@@ -85,7 +89,7 @@ class NaiveEngine(EngineBase):
             return []
         seq = self.queue[0]
         seq.status = SequenceStatus.RUNNING
-        logits = self.next_token_logits(seq)
+        logits = self.next_token_logits(seq).cpu()   # the sampler's generators live on the CPU
         token = sample_token(logits, seq.params, seq.generator or self.generator)
         seq.append_token(token, self.tokenizer, self.eos_token_ids, self.max_model_len)
         if seq.finished:
@@ -95,8 +99,8 @@ class NaiveEngine(EngineBase):
 
     def next_token_logits(self, seq: Sequence) -> torch.Tensor:
         """Run the model on the whole sequence; return the last position's logits (vocab,)."""
-        ids = torch.tensor(seq.token_ids)
-        hidden = self.model(ids, torch.arange(len(ids)))
+        ids = torch.tensor(seq.token_ids, device=self.device)
+        hidden = self.model(ids, torch.arange(len(ids), device=self.device))
         return self.model.compute_logits(hidden[-1])
 
     def release(self, seq: Sequence) -> None:

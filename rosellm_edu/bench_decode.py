@@ -1,0 +1,143 @@
+"""Benchmark the decode step, eager versus CUDA graphs: TPOT and throughput across batch sizes.
+
+    python -m rosellm_edu.bench_decode                                   # on a GPU: writes the chapter's data file
+    python -m rosellm_edu.bench_decode --batch-sizes 1,4 --steps 8       # on a CPU: eager only
+
+Each model decodes --steps tokens for B sequences that already hold --context tokens of K/V (random values:
+the speed of a step does not depend on them). A step is what the engine does for a decode batch: the
+ModelRunner's decode (static buffers; a graph replay, or eager) and the greedy pick of the next tokens, whose
+transfer to the host waits for the GPU, so the time per step is the TPOT a request sees, scheduler aside.
+Models: "gpt2" (GPT-2 124M's shape, random weights) and "embedded" (SmolLM2-135M with its own weights).
+On a machine without CUDA there are no graphs to capture: only eager runs, and the output says so.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from transformers import GPT2Config
+
+from rosellm_edu import model_loader
+from rosellm_edu.engine.model_runner import KVPoolWithScratch, ModelRunner
+from rosellm_edu.engine.scheduler import ScheduledSeq
+from rosellm_edu.models import model_class
+from rosellm_edu.sampling_params import SamplingParams
+from rosellm_edu.sequence import Sequence
+
+DATA_FILE = Path(__file__).resolve().parent.parent / "notebooks" / "data" / "cuda_graph_decode.json"
+
+
+def load(name: str, dtype: torch.dtype, device: torch.device):
+    if name == "embedded":
+        return model_loader.load_model(model_loader.resolve_model(), dtype, device)
+    if name == "gpt2":
+        config = GPT2Config()
+        torch.manual_seed(0)
+        with torch.device(device):
+            return model_class(config)(config).to(dtype).eval()
+    raise ValueError(f"unknown model {name!r}; choose gpt2 or embedded")
+
+
+def weight_bytes(model) -> int:
+    """Bytes of weights a decode step reads: every parameter once (a tied LM head is the embedding)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def decode_batch(num_seqs: int, context: int, length: int, block_size: int, vocab_size: int, gen):
+    """num_seqs sequences holding `context` tokens, each with its own blocks for `length` tokens."""
+    blocks = -(-length // block_size)
+    seqs = [Sequence(str(i), None, torch.randint(vocab_size, (context,), generator=gen).tolist(), SamplingParams())
+            for i in range(num_seqs)]
+    return seqs, {s.request_id: list(range(i * blocks, (i + 1) * blocks)) for i, s in enumerate(seqs)}
+
+
+def time_steps(runner: ModelRunner, seqs, tables, steps: int, warmup: int) -> list[float]:
+    times = []
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        batch = [ScheduledSeq(s, len(s) - 1, 1) for s in seqs]
+        tokens = runner.execute(batch, tables).argmax(dim=-1).tolist()    # waits for the device
+        for s, t in zip(seqs, tokens):
+            s.output_token_ids.append(t)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def measure(model, batch_sizes: list[int], context: int, steps: int, warmup: int, block_size: int) -> list[dict]:
+    """Eager and (on a GPU) graph decode of `model` at every batch size, on one KV pool."""
+    param = next(model.parameters())
+    device, dtype = param.device, param.dtype
+    length = context + warmup + steps
+    max_len = getattr(model.config, "max_position_embeddings", None) or model.config.n_positions
+    if length > max_len:
+        raise ValueError(f"--context + --warmup + --steps = {length} exceeds the model's {max_len} positions")
+    max_bs = max(batch_sizes)
+    pool = KVPoolWithScratch(model.config, max_bs * -(-length // block_size), block_size, dtype, device)
+    torch.manual_seed(0)
+    pool.k.normal_(), pool.v.normal_()                 # not zeros: a real cache holds real numbers
+    gen = torch.Generator().manual_seed(0)
+    modes = {"eager": ModelRunner(model, pool, max_bs, max_len, enforce_eager=True)}
+    if device.type == "cuda":
+        modes["graph"] = ModelRunner(model, pool, max_bs, max_len)
+    results = []
+    for mode, runner in modes.items():
+        for bs in batch_sizes:
+            seqs, tables = decode_batch(bs, context, length, block_size, model.config.vocab_size, gen)
+            tpot = statistics.median(time_steps(runner, seqs, tables, steps, warmup))
+            results.append({"mode": mode, "batch_size": bs, "tpot_ms": 1e3 * tpot, "throughput_tok_s": bs / tpot})
+            print(f"  {mode:>5} batch {bs:4d}: TPOT {1e3 * tpot:8.2f} ms, {bs / tpot:10.1f} tokens/s", flush=True)
+    return results
+
+
+def machine(device: torch.device) -> dict:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    return {"device": name, "device_type": device.type, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "platform": platform.platform(), "threads": torch.get_num_threads(),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "cuda_graphs": "captured" if device.type == "cuda" else "unavailable: no CUDA device",
+            "command": " ".join(["python -m rosellm_edu.bench_decode", *sys.argv[1:]])}
+
+
+def main(argv=None) -> dict:
+    cuda = torch.cuda.is_available()
+    parser = argparse.ArgumentParser(prog="python -m rosellm_edu.bench_decode", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="gpt2,embedded", help="comma list of gpt2, embedded")
+    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32,64" if cuda else "1,4")
+    parser.add_argument("--context", type=int, default=256, help="tokens each sequence holds before decoding")
+    parser.add_argument("--steps", type=int, default=64 if cuda else 8, help="timed decode steps")
+    parser.add_argument("--warmup", type=int, default=8 if cuda else 2)
+    parser.add_argument("--dtype", default="bfloat16" if cuda else "float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--out", default=str(DATA_FILE) if cuda else None,
+                        help=f"write the results as JSON (default on a GPU: {DATA_FILE.relative_to(DATA_FILE.parents[2])})")
+    args = parser.parse_args(argv)
+
+    device = torch.device("cuda" if cuda else "cpu")
+    report = {"machine": machine(device), "args": vars(args), "models": []}
+    print(f"Machine: {report['machine']['device']}, torch {torch.__version__}, CUDA graphs "
+          f"{report['machine']['cuda_graphs']}")
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    for name in args.models.split(","):
+        model = load(name, getattr(torch, args.dtype), device)
+        print(f"{name} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, {args.dtype}):")
+        with torch.no_grad():
+            results = measure(model, batch_sizes, args.context, args.steps, args.warmup, args.block_size)
+        report["models"].append({"model": name, "dtype": args.dtype, "weight_bytes": weight_bytes(model),
+                                 "results": results})
+        del model
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        print("wrote", args.out)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""ModelRunner: its decode step equals the engine's eager forward, padding never touches a real slot, and on a GPU
+every bucket's CUDA graph replays the eager logits."""
+
+import json
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from transformers import LlamaConfig
+
+from conftest import hf_greedy
+from rosellm_edu import LLM, SamplingParams, bench_decode, model_loader
+from rosellm_edu.engine.kv_pool import KVPool
+from rosellm_edu.engine import model_runner
+from rosellm_edu.engine.model_runner import KVPoolWithScratch, ModelRunner, batch_size_buckets
+from rosellm_edu.engine.paged_attention import PagedAttention
+from rosellm_edu.engine.paged_engine import PagedEngine
+from rosellm_edu.engine.scheduler import ScheduledSeq
+from rosellm_edu.models import model_class
+from rosellm_edu.sequence import Sequence
+
+POISON = 12345.0
+
+
+class RunnerEngine(PagedEngine):
+    """Chapter 04's engine with its decode steps run by a ModelRunner, as notebook 05 wires it."""
+    pool_cls = KVPoolWithScratch
+
+    def __init__(self, model=None, *, enforce_eager: bool = False, **kwargs):
+        super().__init__(model, **kwargs)
+        self.runner = ModelRunner(self.model, self.pool, self.scheduler.max_num_seqs, self.max_model_len,
+                                  enforce_eager=enforce_eager)
+
+    def forward(self, batch):
+        if self.runner.can_run(batch):
+            return self.runner.execute(batch, self.scheduler.allocator.block_tables)
+        return super().forward(batch)
+
+
+@given(st.integers(1, 300))
+def test_buckets_hold_every_batch_size_with_less_than_8_padded_rows(max_num_seqs):
+    buckets = batch_size_buckets(max_num_seqs)
+    assert buckets == sorted(set(buckets)) and buckets[0] == 1 and buckets[-1] == max_num_seqs
+    assert {b for b in (1, 2, 4, 8) if b <= max_num_seqs} <= set(buckets)
+    assert all(b % 8 == 0 for b in buckets[:-1] if b >= 8) and all(b - a <= 8 for a, b in zip(buckets, buckets[1:]))
+    for n in range(1, max_num_seqs + 1):
+        padded = min(b for b in buckets if b >= n)
+        assert padded - n < 8 and padded < 2 * n or padded == n
+
+
+def test_bad_configurations_get_clear_errors():
+    config = tiny_config()
+    model = model_class(config)(config)
+    with pytest.raises(ValueError, match="max_num_seqs must be a positive integer"):
+        batch_size_buckets(0)
+    with pytest.raises(TypeError, match="KVPoolWithScratch"):
+        ModelRunner(model, KVPool(config, 8, 4), 4, 64)
+    runner = ModelRunner(model, KVPoolWithScratch(config, 8, 4), 4, 64)
+    prefill = [ScheduledSeq(Sequence("a", None, [1, 2, 3], SamplingParams()), 0, 3)]
+    assert not runner.can_run(prefill)
+    with pytest.raises(ValueError, match="decode batches"):
+        runner.execute(prefill, {"a": [0]})
+
+
+def test_asking_for_cuda_without_it_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ValueError, match="no CUDA device"):
+        PagedEngine(device="cuda")
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return RunnerEngine(max_num_seqs=8, block_size=4, num_kv_blocks=256)
+
+
+def decode_batch(engine, n: int, seed: int):
+    """Admit n prompts of different lengths, run their prefill, and return the decode batch that follows."""
+    gen = torch.Generator().manual_seed(seed)
+    for i in range(n):
+        length = int(torch.randint(1, 40, (), generator=gen))
+        engine.add_request(f"{seed}-{i}", {"prompt_token_ids": torch.randint(100, 20000, (length,), generator=gen).tolist()},
+                           SamplingParams(temperature=0, max_tokens=8))
+    engine.step()
+    return engine.scheduler.schedule()
+
+
+@pytest.mark.parametrize("n", [1, 3, 6, 8])
+def test_decode_logits_equal_the_engines_eager_forward(engine, n):
+    batch = decode_batch(engine, n, seed=n)
+    try:
+        assert len(batch) == n and engine.runner.can_run(batch)
+        with torch.no_grad():
+            eager = PagedEngine.forward(engine, batch)
+            ours = engine.runner.execute(batch, engine.scheduler.allocator.block_tables)
+        torch.testing.assert_close(ours, eager, atol=1e-4, rtol=1e-4)
+    finally:
+        for s in batch:
+            engine.abort_request(s.seq.request_id)
+
+
+def tiny_config() -> LlamaConfig:
+    return LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+
+
+def random_decode_batch(n: int, num_blocks: int, block_size: int, vocab_size: int, gen):
+    """n sequences of random lengths, each on its own shuffled blocks; one new token each."""
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    batch, tables = [], {}
+    for i in range(n):
+        length = int(torch.randint(1, 6 * block_size, (), generator=gen))
+        seq = Sequence(str(i), None, torch.randint(vocab_size, (length,), generator=gen).tolist(), SamplingParams())
+        tables[seq.request_id] = [order.pop() for _ in range(-(-length // block_size))]
+        batch.append(ScheduledSeq(seq, length - 1, 1))
+    return batch, tables
+
+
+def eager_reference(model, pool, batch, tables):
+    """Chapter 04's eager path for a decode batch."""
+    ctx = PagedAttention.build(pool.k, pool.v, pool.block_size, [tables[s.seq.request_id] for s in batch],
+                               [s.num_cached for s in batch], [1] * len(batch))
+    ids = torch.tensor([s.seq.token_ids[-1] for s in batch], device=pool.k.device)
+    hidden = model(ids, torch.tensor([s.num_cached for s in batch], device=pool.k.device), ctx)
+    return model.compute_logits(hidden)
+
+
+@pytest.mark.parametrize("attention", ["device kernel", "gather fallback"])
+@pytest.mark.parametrize("n, rows", [(1, 8), (3, 4), (5, 8), (7, 8)])
+def test_padded_rows_write_only_the_scratch_block(n, rows, attention, monkeypatch):
+    if attention == "gather fallback":                   # as on a CPU where chapter 04's C++ kernel cannot build
+        monkeypatch.setattr(model_runner, "decode_kernel", lambda device: None)
+    torch.manual_seed(n)
+    gen = torch.Generator().manual_seed(n)
+    config = tiny_config()
+    model = model_class(config)(config).eval()
+    pool = KVPoolWithScratch(config, 48, 4)
+    runner = ModelRunner(model, pool, 8, config.max_position_embeddings, enforce_eager=True)
+    assert n < runner.padded_size(n) <= rows or n == 1
+    batch, tables = random_decode_batch(n, pool.num_blocks, pool.block_size, config.vocab_size, gen)
+    owned = torch.zeros(pool.k.shape[1], dtype=torch.bool)
+    for s in batch:
+        table = tables[s.seq.request_id]
+        owned[[table[p // 4] * 4 + p % 4 for p in range(s.num_cached)]] = True
+    pool.k.normal_(), pool.v.normal_()
+    pool.k[:, ~owned], pool.v[:, ~owned] = POISON, POISON          # nobody's K/V: must be neither read nor written
+    with torch.no_grad():
+        expected = eager_reference(model, pool, batch, tables)
+        pool.k[:, ~owned], pool.v[:, ~owned] = POISON, POISON
+        before_k, before_v = pool.k.clone(), pool.v.clone()
+        width = runner.prepare_decode(batch, [tables[s.seq.request_id] for s in batch], rows)
+        logits = runner.run_decode(rows, width)
+    torch.testing.assert_close(logits[:n], expected, atol=1e-4, rtol=1e-4)
+    assert torch.isfinite(logits).all()                                  # padded rows too
+    written = ((pool.k != before_k) | (pool.v != before_v)).flatten(2).any(-1).any(0).nonzero().flatten().tolist()
+    new_slots = {tables[s.seq.request_id][s.num_cached // 4] * 4 + s.num_cached % 4 for s in batch}
+    scratch = set(range(pool.scratch_block * 4, pool.scratch_block * 4 + 4))
+    assert set(written) - scratch == new_slots
+    assert set(written) & scratch                                        # the padded rows did write somewhere
+
+
+def test_greedy_tokens_equal_transformers_through_the_runner(hf_model, tokenizer):
+    prompts = ["The capital of France is", "def quicksort(xs):", "A long prompt about the history of computing. " * 5,
+               "Hi", "Name three prime numbers:"]
+    lengths = [9, 4, 12, 7, 10]
+    llm = LLM(engine_cls=RunnerEngine, max_num_seqs=3, block_size=4, num_kv_blocks=128)
+    outs = llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths],
+                        use_tqdm=False)
+    for out, n in zip(outs, lengths):
+        assert out.outputs[0].token_ids == hf_greedy(hf_model, out.prompt_token_ids, n)
+
+
+def test_bench_decode_runs_eagerly_without_cuda(tmp_path, monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the benchmark captures graphs; this checks the CPU fallback")
+    out = tmp_path / "decode.json"
+    report = bench_decode.main(["--models", "embedded", "--batch-sizes", "1,3", "--context", "8", "--steps", "2",
+                                "--warmup", "1", "--out", str(out)])
+    assert json.loads(out.read_text()) == report
+    assert report["machine"]["cuda_graphs"].startswith("unavailable")
+    results = report["models"][0]["results"]
+    assert [(r["mode"], r["batch_size"]) for r in results] == [("eager", 1), ("eager", 3)]
+    assert all(r["tpot_ms"] > 0 and r["throughput_tok_s"] > 0 for r in results)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_graph_replay_equals_eager_decode_for_every_bucket(embedded_dir):
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    model = model_loader.load_model(embedded_dir, torch.float32, "cuda")
+    pool = KVPoolWithScratch(model.config, 512, 16, torch.float32, "cuda")
+    pool.k.normal_(), pool.v.normal_()
+    max_len = model.config.max_position_embeddings
+    graphed = ModelRunner(model, pool, 16, max_len)
+    eager = ModelRunner(model, pool, 16, max_len, enforce_eager=True)
+    assert sorted(graphed.graphs) == graphed.buckets == [1, 2, 4, 8, 16] and not eager.graphs
+    for n in range(1, 17):                              # every bucket, and every size padded up to one
+        batch, tables = random_decode_batch(n, pool.num_blocks, pool.block_size, model.config.vocab_size, gen)
+        with torch.no_grad():
+            reference = eager_reference(model, pool, batch, tables)
+            eager_logits = eager.execute(batch, tables)
+            graph_logits = graphed.execute(batch, tables)
+        torch.testing.assert_close(graph_logits, eager_logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(graph_logits, reference, atol=1e-3, rtol=1e-3)
