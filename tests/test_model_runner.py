@@ -126,11 +126,14 @@ def eager_reference(model, pool, batch, tables):
     return model.compute_logits(hidden)
 
 
-@pytest.mark.parametrize("attention", ["device kernel", "gather fallback"])
+@pytest.mark.parametrize("attention", ["device kernel", "gather fallback", "triton kernel"])
 @pytest.mark.parametrize("n, rows", [(1, 8), (3, 4), (5, 8), (7, 8)])
 def test_padded_rows_write_only_the_scratch_block(n, rows, attention, monkeypatch):
     if attention == "gather fallback":                   # as on a CPU where chapter 04's C++ kernel cannot build
         monkeypatch.setattr(model_runner, "decode_kernel", lambda device: None)
+    if attention == "triton kernel":                     # the GPU's kernel on these very buffers (interpreted here)
+        kernel = pytest.importorskip("rosellm_edu.engine.triton_paged_attention").paged_decode_attention
+        monkeypatch.setattr(model_runner, "decode_kernel", lambda device: kernel)
     torch.manual_seed(n)
     gen = torch.Generator().manual_seed(n)
     config = tiny_config()
