@@ -183,7 +183,7 @@ def main(argv=None) -> None:
                 if not args.url:
                     raise SystemExit("--engines openai needs --url, e.g. --url http://127.0.0.1:8000/v1")
                 arrivals = arrival_times(len(requests), args.request_rate)
-                runs = [asyncio.run(run_openai(args.url, requests, arrivals, args.served_model_name))]
+                runs = [asyncio.run(run_openai(args.url, requests, arrivals, args.served_model_name, **sampling))]
             else:
                 raise SystemExit(f"unknown engine {engine!r}; choose llm, transformers, naive or openai")
             for summary in runs:

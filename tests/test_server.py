@@ -338,3 +338,24 @@ def test_a_failing_engine_step_fails_its_requests_not_the_server(server, client)
     assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
     assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=2).usage.completion_tokens >= 1
     wait_until_all_blocks_free(engine)
+
+
+def test_bench_command_drives_the_server_by_url_with_its_sampling_settings(server, tmp_path, monkeypatch):
+    from rosellm_edu.bench import main
+
+    url, engine = server
+    received = []
+
+    async def recording_add_request(request_id, prompt, params):
+        received.append(params)
+        return await AsyncLLMEngine.add_request(engine, request_id, prompt, params)
+
+    monkeypatch.setattr(engine, "add_request", recording_add_request)
+    out = tmp_path / "bench.json"
+    main(["--engines", "openai", "--url", url, "--workload", "equal", "--num-requests", "1",
+          "--temperature", "0.8", "--top-k", "20", "--json", str(out)])
+    result = json.loads(out.read_text())["results"][0]
+    assert (result["engine"], result["model"], result["requests"]) == ("openai", MODEL, 1)
+    assert result["completion_tokens"] == 64 and result["chunk_count_mismatches"] == 0
+    settings = [(p.temperature, p.top_k, p.top_p, p.max_tokens, p.ignore_eos) for p in received]
+    assert settings == [(0.8, 20, 1.0, 64, True)]
