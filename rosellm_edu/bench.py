@@ -5,8 +5,9 @@
 
 Every configuration runs in this one process on the same requests, so the ratios it prints are side by side.
 `naive` is transformers' generate called one request at a time; `transformers` pads batches of requests to
-their longest prompt and runs them to their longest output, at each of --hf-batch-sizes. `openai` drives any OpenAI-compatible server at --url (ours from
-`rosellm-edu serve`, or vLLM, SGLang), streaming, with the same metrics (rosellm_edu.bench_client).
+their longest prompt and runs them to their longest output, at each of --hf-batch-sizes. `openai` drives any
+OpenAI-compatible server at --url (ours from `rosellm-edu serve`, or vLLM, SGLang), streaming, with the same
+metrics (rosellm_edu.bench_client).
 """
 
 import argparse
@@ -144,7 +145,8 @@ def main(argv=None) -> None:
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--engines", default="llm", help="comma list of llm, transformers, naive, openai")
-    parser.add_argument("--url", help="openai engine: base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--url", help="openai engine: the base URL of an OpenAI-compatible API, "
+                                      "e.g. http://127.0.0.1:8000/v1")
     parser.add_argument("--served-model-name", help="openai engine: the model to ask for (default: the server's first)")
     parser.add_argument("--dtypes", default="float32", help="comma list of float32, bfloat16")
     parser.add_argument("--hf-batch-sizes", default="8,16,32,64", help="batch sizes tried for transformers")
