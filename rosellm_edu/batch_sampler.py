@@ -84,15 +84,21 @@ def random_sample(probs: torch.Tensor, widths: list[int], generators: list[torch
     noise = torch.empty_like(probs)
     shared = [i for i, g in enumerate(generators) if g is None]
     if len(shared) == len(generators):
-        noise.exponential_(generator=generator)
+        noise = exponential(probs.shape, generator, probs.device)
     elif shared:
-        noise[shared] = torch.empty(len(shared), probs.shape[1], device=probs.device).exponential_(generator=generator)
+        noise[shared] = exponential((len(shared), probs.shape[1]), generator, probs.device)
     for i, g in enumerate(generators):
         if g is not None:
-            noise[i, :widths[i]].exponential_(generator=g)
+            noise[i, :widths[i]] = exponential((widths[i],), g, probs.device)
             noise[i, widths[i]:] = 1.0             # outside the row's own candidates: probability 0 anyway
     noise.clamp_min_(torch.finfo(noise.dtype).tiny)  # Exp(1) can round to 0, and 0 / 0 would win the argmax
     return (probs / noise).argmax(dim=-1)
+
+
+def exponential(shape, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """Exp(1) numbers from `generator`, drawn where it lives (requests' generators are on the CPU), put on device."""
+    where = generator.device if generator is not None else device
+    return torch.empty(shape, device=where).exponential_(generator=generator).to(device)
 
 
 def draw_truncated(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
