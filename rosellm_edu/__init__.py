@@ -6,6 +6,7 @@ import importlib
 _EXPORTS = {
     "LLM": "rosellm_edu.llm",
     "LLMEngine": "rosellm_edu.engine",
+    "AsyncLLMEngine": "rosellm_edu.engine.async_llm_engine",
     "SamplingParams": "rosellm_edu.sampling_params",
     "RequestOutput": "rosellm_edu.outputs",
     "CompletionOutput": "rosellm_edu.outputs",
