@@ -124,11 +124,15 @@ class CompletionChoice(MaskedChoice):
     text: str
 
 
-class CompletionResponse(OpenAIResponse):
+class OpenAIObject(OpenAIResponse):
+    """What every response and every chunk starts with."""
     id: str
-    object: Literal["text_completion"] = "text_completion"
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
+
+
+class CompletionResponse(OpenAIObject):   # a whole completion, and each chunk of a streamed one
+    object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
 
@@ -152,20 +156,14 @@ class ChatChunkChoice(MaskedChoice):
     delta: DeltaMessage
 
 
-class ChatCompletionResponse(OpenAIResponse):
-    id: str
+class ChatCompletionResponse(OpenAIObject):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     choices: list[ChatChoice]
     usage: UsageInfo
 
 
-class ChatCompletionChunk(OpenAIResponse):
-    id: str
+class ChatCompletionChunk(OpenAIObject):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatChunkChoice]
     usage: UsageInfo | None = None
 
