@@ -4,12 +4,27 @@
 import torch
 
 from rosellm_edu.batch_sampler import sample
+from rosellm_edu.engine.model_runner import KVPoolWithScratch, ModelRunner
 from rosellm_edu.engine.paged_engine import PagedEngine
+from rosellm_edu.engine.scheduler import ScheduledSeq
 from rosellm_edu.sequence import Sequence
 
 
 class LLMEngine(PagedEngine):
-    """The engine `LLM` runs: chapter 04's paged engine, picking tokens with chapter 06's batched sampler."""
+    """The engine `LLM` runs: chapter 04's paged engine, decoding through chapter 05's ModelRunner and picking
+    tokens with chapter 06's batched sampler."""
+
+    pool_cls = KVPoolWithScratch
+
+    def __init__(self, model: str | None = None, *, enforce_eager: bool = False, **kwargs):
+        super().__init__(model, **kwargs)
+        self.runner = ModelRunner(self.model, self.pool, self.scheduler.max_num_seqs, self.max_model_len,
+                                  enforce_eager=enforce_eager)
+
+    def forward(self, batch: list[ScheduledSeq]) -> torch.Tensor:
+        if self.runner.can_run(batch):
+            return self.runner.execute(batch, self.scheduler.allocator.block_tables)
+        return super().forward(batch)
 
     def pick_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """Every sampling row at once, one device->host transfer; records masks for the requests that ask."""
