@@ -121,3 +121,15 @@ def test_engine_masks_through_preemption_and_mixed_batches_match_transformers_lo
     for solo, crowded in zip(alone, [outs[2], outs[0]]):
         assert solo.outputs[0].token_ids == crowded.outputs[0].token_ids
         assert solo.outputs[0].sampling_mask == crowded.outputs[0].sampling_mask
+
+
+def test_engines_without_masks_refuse_a_request_for_one_and_run_on():
+    from rosellm_edu.engine import PagedEngine
+
+    engine = PagedEngine(num_kv_blocks=16)
+    with pytest.raises(ValueError, match="does not compute sampling masks"):
+        engine.add_request("a", "Hello", SamplingParams(top_k=5, return_sampling_mask=True))
+    engine.add_request("b", "Hello", SamplingParams(temperature=0, max_tokens=2))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.kv_cache_stats()["free_blocks"] == 16

@@ -15,6 +15,7 @@ class LLMEngine(PagedEngine):
     tokens with chapter 06's batched sampler."""
 
     pool_cls = KVPoolWithScratch
+    returns_sampling_masks = True
 
     def __init__(self, model: str | None = None, *, enforce_eager: bool = False, **kwargs):
         super().__init__(model, **kwargs)

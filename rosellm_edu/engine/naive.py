@@ -25,6 +25,8 @@ def as_dtype(dtype: str | torch.dtype) -> torch.dtype:
 class EngineBase:
     """What every engine shares: the model, the tokenizer, and the checks a new request must pass."""
 
+    returns_sampling_masks = False   # chapter 06's LLMEngine is the engine that computes them
+
     def __init__(self, model: str | None = None, *, dtype: str | torch.dtype = "float32", seed: int = 0,
                  device: str | torch.device | None = None):
         path = resolve_model(model)
@@ -59,6 +61,9 @@ class EngineBase:
         if len(ids) >= self.max_model_len:
             raise ValueError(f"request {request_id!r}: the prompt has {len(ids)} tokens but the model's context "
                              f"holds {self.max_model_len}, leaving no room to generate")
+        if params is not None and params.return_sampling_mask and not self.returns_sampling_masks:
+            raise ValueError(f"request {request_id!r}: {type(self).__name__} does not compute sampling masks "
+                             "(return_sampling_mask=True); LLMEngine does")
         return Sequence(request_id, text, ids, params or SamplingParams())
 
 
