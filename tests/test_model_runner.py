@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from transformers import LlamaConfig
 
 from conftest import hf_greedy
-from rosellm_edu import LLM, SamplingParams, bench_decode, model_loader
+from rosellm_edu import LLM, LLMEngine, SamplingParams, bench_decode, model_loader
 from rosellm_edu.engine.kv_pool import KVPool
 from rosellm_edu.engine import model_runner
 from rosellm_edu.engine.model_runner import KVPoolWithScratch, ModelRunner, batch_size_buckets
@@ -21,21 +21,6 @@ from rosellm_edu.models import model_class
 from rosellm_edu.sequence import Sequence
 
 POISON = 12345.0
-
-
-class RunnerEngine(PagedEngine):
-    """Chapter 04's engine with its decode steps run by a ModelRunner, as notebook 05 wires it."""
-    pool_cls = KVPoolWithScratch
-
-    def __init__(self, model=None, *, enforce_eager: bool = False, **kwargs):
-        super().__init__(model, **kwargs)
-        self.runner = ModelRunner(self.model, self.pool, self.scheduler.max_num_seqs, self.max_model_len,
-                                  enforce_eager=enforce_eager)
-
-    def forward(self, batch):
-        if self.runner.can_run(batch):
-            return self.runner.execute(batch, self.scheduler.allocator.block_tables)
-        return super().forward(batch)
 
 
 @given(st.integers(1, 300))
@@ -72,7 +57,7 @@ def test_asking_for_cuda_without_it_is_a_clear_error():
 
 @pytest.fixture(scope="module")
 def engine():
-    return RunnerEngine(max_num_seqs=8, block_size=4, num_kv_blocks=256)
+    return LLMEngine(max_num_seqs=8, block_size=4, num_kv_blocks=256)  # decodes through its ModelRunner
 
 
 def decode_batch(engine, n: int, seed: int):
@@ -167,7 +152,7 @@ def test_greedy_tokens_equal_transformers_through_the_runner(hf_model, tokenizer
     prompts = ["The capital of France is", "def quicksort(xs):", "A long prompt about the history of computing. " * 5,
                "Hi", "Name three prime numbers:"]
     lengths = [9, 4, 12, 7, 10]
-    llm = LLM(engine_cls=RunnerEngine, max_num_seqs=3, block_size=4, num_kv_blocks=128)
+    llm = LLM(max_num_seqs=3, block_size=4, num_kv_blocks=128)
     outs = llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths],
                         use_tqdm=False)
     for out, n in zip(outs, lengths):
