@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 import torch
+from tokenizers.decoders import DecodeStream
 
 from rosellm_edu.outputs import CompletionOutput, RequestOutput
 from rosellm_edu.sampling_params import SamplingParams
@@ -30,6 +31,7 @@ class Sequence:
     generator: torch.Generator | None = None   # set when the request has its own seed
     sampling_mask: list[list[int]] | None = None  # kept ids per token, when params.return_sampling_mask
     sampling_logz: list[float] | None = None
+    detokenizer: DecodeStream = field(default_factory=lambda: DecodeStream(skip_special_tokens=True), repr=False)
 
     def __post_init__(self):
         if self.params.seed is not None:
@@ -40,6 +42,11 @@ class Sequence:
     @property
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def token_at(self, position: int) -> int:
+        """token_ids[position] without building the whole list."""
+        prompt_len = len(self.prompt_token_ids)
+        return self.prompt_token_ids[position] if position < prompt_len else self.output_token_ids[position - prompt_len]
 
     def __len__(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
@@ -62,15 +69,17 @@ class Sequence:
     def append_token(self, token: int, tokenizer, eos_token_ids: set[int], max_model_len: int) -> None:
         """Add one generated token, update the text, and decide whether the sequence is finished."""
         self.output_token_ids.append(token)
-        self.text = tokenizer.decode(self.output_token_ids, skip_special_tokens=True)
+        self.text += self.detokenizer.step(tokenizer.backend_tokenizer, token) or ""   # None: bytes held back
         if not self.params.ignore_eos and token in eos_token_ids:
             self.finish("stop")
         elif token in self.params.stop_token_ids:
             self.finish("stop", token)
         elif self._cut_stop_string():
-            pass
+            return                                    # the text is cut where the stop string begins
         elif len(self.output_token_ids) >= self.params.max_tokens or len(self) >= max_model_len:
             self.finish("length")
+        if self.finished:                             # settle any bytes the stream still holds
+            self.text = tokenizer.decode(self.output_token_ids, skip_special_tokens=True)
 
     def _cut_stop_string(self) -> bool:
         hits = [(self.text.find(s), s) for s in self.params.stop if s in self.text]

@@ -125,7 +125,7 @@ class ModelRunner:
         positions = [s.num_cached for s in batch]
         width = max(map(len, tables), default=1)
         as_cpu = lambda x, dtype=torch.long: torch.tensor(x, dtype=dtype)  # noqa: E731
-        self.input_ids[:rows].copy_(as_cpu([s.seq.token_ids[p] for s, p in zip(batch, positions)] + [0] * pad))
+        self.input_ids[:rows].copy_(as_cpu([s.seq.token_at(p) for s, p in zip(batch, positions)] + [0] * pad))
         self.positions[:rows].copy_(as_cpu(positions + [0] * pad))
         self.slot_mapping[:rows].copy_(as_cpu([t[p // bs] * bs + p % bs for t, p in zip(tables, positions)]
                                               + [scratch * bs] * pad))
