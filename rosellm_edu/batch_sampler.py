@@ -96,7 +96,7 @@ def random_sample(probs: torch.Tensor, widths: list[int], generators: list[torch
 
 
 def exponential(shape, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """Exp(1) numbers from `generator`, drawn where it lives (requests' generators are on the CPU), put on device."""
+    """Exp(1) numbers from `generator`, drawn where it lives (a CPU generator: then copied to device)."""
     where = generator.device if generator is not None else device
     return torch.empty(shape, device=where).exponential_(generator=generator).to(device)
 

@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 from datetime import datetime, timezone
 
@@ -24,9 +25,9 @@ SETTINGS = {
 }
 
 
-def full_sort(logits: torch.Tensor, params: SamplingParams) -> list[int]:
+def full_sort(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> list[int]:
     """Chapter 01's sampler on the whole batch at once: a sort of the whole vocabulary whenever top-p is on."""
-    return sampler.sample(logits, params).tolist()
+    return sampler.sample(logits, params, generator).tolist()
 
 
 def fast(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> list[int]:
@@ -51,13 +52,13 @@ def side_by_side_ms(fns: dict, repeat: int) -> dict[str, float]:
     return best
 
 
-def run(batch_sizes: list[int], vocab_sizes: list[int], scale: float, repeat: int) -> list[dict]:
-    rows, generator = [], torch.Generator().manual_seed(0)
+def run(batch_sizes: list[int], vocab_sizes: list[int], scale: float, repeat: int, device: torch.device) -> list[dict]:
+    rows, generator = [], torch.Generator(device).manual_seed(0)
     for vocab in vocab_sizes:
         for batch in batch_sizes:
-            logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(batch)) * scale
+            logits = (torch.randn(batch, vocab, generator=torch.Generator().manual_seed(batch)) * scale).to(device)
             for name, params in SETTINGS.items():
-                slow_ms, fast_ms = side_by_side_ms({"full sort": lambda: full_sort(logits, params),
+                slow_ms, fast_ms = side_by_side_ms({"full sort": lambda: full_sort(logits, params, generator),
                                                     "fast": lambda: fast(logits, params, generator)}, repeat).values()
                 rows.append(dict(vocab=vocab, batch=batch, setting=name, full_sort_ms=slow_ms, fast_ms=fast_ms,
                                  speedup=slow_ms / fast_ms))
@@ -66,10 +67,12 @@ def run(batch_sizes: list[int], vocab_sizes: list[int], scale: float, repeat: in
     return rows
 
 
-def machine() -> str:
+def machine(device: torch.device = torch.device("cpu")) -> str:
     """The CPU's model name (or the GPU's), threads and torch version."""
     name = platform.processor() or platform.machine()
-    if os.path.exists("/proc/cpuinfo"):
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    elif os.path.exists("/proc/cpuinfo"):
         name = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                     name)
     return f"{name}, {torch.get_num_threads()} threads, torch {torch.__version__}"
@@ -81,15 +84,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab-sizes", default="49152,50257")
     parser.add_argument("--logit-scale", type=float, default=5.0)
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per cell; the best is reported")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", help="also write the rows, machine and date to this file")
     args = parser.parse_args(argv)
-    print(f"Machine: {machine()}; {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
+    device = torch.device(args.device)
+    print(f"Machine: {machine(device)}; {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
     rows = run([int(b) for b in args.batch_sizes.split(",")], [int(v) for v in args.vocab_sizes.split(",")],
-               args.logit_scale, args.repeat)
+               args.logit_scale, args.repeat, device)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(machine=machine(), date=datetime.now(timezone.utc).isoformat(), rows=rows,
-                           logit_scale=args.logit_scale), f, indent=1)
+            json.dump(dict(machine=machine(device), date=datetime.now(timezone.utc).isoformat(), rows=rows,
+                           logit_scale=args.logit_scale, command=" ".join(["python -m rosellm_edu.bench_sampler",
+                                                                           *sys.argv[1:]])), f, indent=1)
 
 
 if __name__ == "__main__":

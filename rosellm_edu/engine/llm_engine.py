@@ -5,8 +5,10 @@ import torch
 
 from rosellm_edu.batch_sampler import sample
 from rosellm_edu.engine.model_runner import KVPoolWithScratch, ModelRunner
+from rosellm_edu.engine.naive import Prompt
 from rosellm_edu.engine.paged_engine import PagedEngine
 from rosellm_edu.engine.scheduler import ScheduledSeq
+from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.sequence import Sequence
 
 
@@ -21,6 +23,14 @@ class LLMEngine(PagedEngine):
         super().__init__(model, **kwargs)
         self.runner = ModelRunner(self.model, self.pool, self.scheduler.max_num_seqs, self.max_model_len,
                                   enforce_eager=enforce_eager)
+        # the sampler draws its noise where the logits are, so the generators live there too
+        self.generator = torch.Generator(self.device).manual_seed(self.generator.initial_seed())
+
+    def make_sequence(self, request_id: str, prompt: Prompt, params: SamplingParams | None) -> Sequence:
+        seq = super().make_sequence(request_id, prompt, params)
+        if seq.generator is not None:
+            seq.generator = torch.Generator(self.device).manual_seed(seq.params.seed)
+        return seq
 
     def forward(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         if self.runner.can_run(batch):
