@@ -58,6 +58,7 @@ def top_k_top_p_candidates(logits: torch.Tensor, temperature: list[float], top_k
     vocab_size, device = logits.shape[1], logits.device
     width = torch.tensor(widths, device=device)[:, None]               # (n, 1)
     p = torch.tensor(top_p, device=device)[:, None]                     # (n, 1)
+    p_off = torch.tensor([x >= 1 for x in top_p], device=device)[:, None]  # decided exactly: 1 - 1e-16 is on
     t = torch.tensor(temperature, device=device)[:, None]               # (n, 1)
     top, ids = logits.topk(max(widths), dim=-1)                        # (n, K), sorted descending
     scaled = top.float() / t                                           # temperature keeps the order: scale K, not V
@@ -69,7 +70,7 @@ def top_k_top_p_candidates(logits: torch.Tensor, temperature: list[float], top_k
         whole = (rows(logits, off).float() / t[off]).softmax(dim=-1)   # (n_off, V)
         probs[off] = whole.gather(-1, ids[off]) * in_width[off]
     mass_before = probs.cumsum(dim=-1) - probs
-    kept = in_width & ((mass_before < p) | (p >= 1))                   # the token that crosses p stays
+    kept = in_width & ((mass_before < p) | p_off)                      # the token that crosses p stays
     top_k_on = torch.tensor([k < vocab_size for k in top_k], device=device)
     complete = top_k_on | (width[:, 0] == vocab_size) | (probs.sum(dim=-1) >= p[:, 0])
     probs = probs * kept
@@ -142,29 +143,49 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
                                      generator, whole=True)
         for j, (row, token) in enumerate(zip(redo, again.tolist())):
             token_ids[row], candidates[row] = token, (cand, j)
-    masks, logz = [None] * len(params), [None] * len(params)
-    for i, p in enumerate(params):
-        if p.return_sampling_mask:
-            masks[i], logz[i] = sampling_mask(logits[i], p, token_ids[i], candidates.get(i))
-    return SamplerOutput(token_ids, masks, logz)
+    return SamplerOutput(token_ids, *sampling_masks(logits, params, token_ids, candidates))
 
 
-def sampling_mask(logits: torch.Tensor, params: SamplingParams, token: int,
-                  candidates: tuple[Candidates, int] | None) -> tuple[list[int] | None, float]:
-    """The support one row's token was drawn from (sorted vocabulary ids) and logZ, the log of the softmax
-    mass (after temperature) it keeps, so that log pi_mask = log pi_full - logZ on it.
+def sampling_masks(logits: torch.Tensor, params: list[SamplingParams], token_ids: list[int],
+                   candidates: dict[int, tuple[Candidates, int]]) -> tuple[list, list]:
+    """For each row of logits (B, V) that asks: the support its token was drawn from (sorted vocabulary ids) and
+    logZ, the log of the softmax mass (after temperature) it keeps, so that log pi_mask = log pi_full - logZ on it.
+    candidates[row] = (the Candidates it was drawn from, its row there). Rows that do not ask get None, None.
     - nothing truncated (top-k off, top-p 1): None and 0.0, rather than the whole vocabulary;
     - greedy: [token] and the log of its probability under the softmax of the raw logits (log pi_mask = 0);
     - more than SAMPLING_MASK_CAP ids kept: the SAMPLING_MASK_CAP most likely ones, with the sampled token
-      always among them; logZ still covers the whole kept set, so log pi_mask stays exact for every listed id."""
-    if params.greedy:
-        return [token], logits.float().log_softmax(dim=-1)[token].item()
-    if candidates is None:
-        return None, 0.0
-    cand, row = candidates
-    kept = int(cand.kept[row].sum())
-    ids = cand.ids[row, :min(kept, SAMPLING_MASK_CAP)].tolist()
-    if token not in ids:
-        ids[-1] = token
-    full_mass = (logits.float() / params.temperature).logsumexp(dim=-1)
-    return sorted(ids), (cand.logits[row, :kept].logsumexp(dim=-1) - full_mass).item()
+      always among them; logZ still covers the whole kept set, so log pi_mask stays exact for every listed id.
+    All asking rows together: one pass over V, and one transfer per candidate set plus one for logZ."""
+    masks, logz = [None] * len(params), [None] * len(params)
+    asking = [i for i, p in enumerate(params) if p.return_sampling_mask and (p.greedy or i in candidates)]
+    for i, p in enumerate(params):
+        if p.return_sampling_mask and i not in asking:
+            logz[i] = 0.0                                   # nothing truncated: the whole mass, no mask
+    if not asking:
+        return masks, logz
+    t = torch.tensor([1.0 if params[i].greedy else params[i].temperature for i in asking], device=logits.device)
+    full_mass = (rows(logits, asking).float() / t[:, None]).logsumexp(dim=-1)            # (n,)
+    kept_mass = torch.empty_like(full_mass)
+    greedy = [n for n, i in enumerate(asking) if params[i].greedy]
+    if greedy:                                              # a point mass on the token
+        kept_mass[greedy] = logits[[asking[n] for n in greedy], [token_ids[asking[n]] for n in greedy]].float()
+        for n in greedy:
+            masks[asking[n]] = [token_ids[asking[n]]]
+    drawn_from = {}                                         # candidate set -> its asking rows: (n, row, j)
+    for n, i in enumerate(asking):
+        if not params[i].greedy:
+            cand, j = candidates[i]
+            drawn_from.setdefault(id(cand), (cand, []))[1].append((n, i, j))
+    for cand, members in drawn_from.values():
+        ns, js = [n for n, _, _ in members], [j for _, _, j in members]
+        kept = cand.kept[js]                                # a prefix of each row
+        kept_mass[ns] = cand.logits[js].masked_fill(~kept, -torch.inf).logsumexp(dim=-1)
+        listed = torch.cat([kept.sum(dim=-1, keepdim=True), cand.ids[js, :SAMPLING_MASK_CAP]], dim=-1).tolist()
+        for (_, i, _), (count, *ids) in zip(members, listed):
+            ids = ids[:count]
+            if token_ids[i] not in ids:
+                ids[-1] = token_ids[i]
+            masks[i] = sorted(ids)
+    for n, value in enumerate((kept_mass - full_mass).tolist()):
+        logz[asking[n]] = value
+    return masks, logz

@@ -10,8 +10,15 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import transformers
+from hypothesis import settings
 
 from rosellm_edu import model_loader
+from rosellm_edu.sampler import apply_top_k
+from rosellm_edu.sampling_params import SamplingParams
+
+# .ci/run sets HYPOTHESIS_PROFILE=ci: the same examples on every CI run, so that a red run is reproducible
+settings.register_profile("ci", derandomize=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 transformers.logging.set_verbosity_error()
 
@@ -64,3 +71,16 @@ def assert_attention_matches_causal(attention_cls, tables: list[list[int]], cach
                      torch.cat([v[c:] for v, c in zip(full_v, cached)]))
     expected = torch.cat([causal_attention(qi, ki, vi) for qi, ki, vi in zip(q, full_k, full_v)])
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def top_p_clear_of_rounding(logits: torch.Tensor, params: list[SamplingParams], margin: float = 1e-5) -> bool:
+    """Is every row's top_p at least `margin` away from each cumulative mass of its temperature + top-k
+    distribution? Nearer than that, whether the token that crosses p is kept depends on float rounding, which
+    differs between any two correct implementations (their sums run in different orders)."""
+    for row, p in zip(logits, params):
+        if p.greedy or p.top_p >= 1:
+            continue
+        probs = apply_top_k(row.double() / p.temperature, p.top_k).softmax(-1).sort(descending=True).values
+        if (probs.cumsum(-1) - p.top_p).abs().min() < margin:
+            return False
+    return True
