@@ -156,10 +156,11 @@ def sampling_masks(logits: torch.Tensor, params: list[SamplingParams], token_ids
     - more than SAMPLING_MASK_CAP ids kept: the SAMPLING_MASK_CAP most likely ones, with the sampled token
       always among them; logZ still covers the whole kept set, so log pi_mask stays exact for every listed id.
     All asking rows together: one pass over V, and one transfer per candidate set plus one for logZ."""
-    masks, logz = [None] * len(params), [None] * len(params)
-    asking = [i for i, p in enumerate(params) if p.return_sampling_mask and (p.greedy or i in candidates)]
+    masks, logz, asking = [None] * len(params), [None] * len(params), []
     for i, p in enumerate(params):
-        if p.return_sampling_mask and i not in asking:
+        if p.return_sampling_mask and (p.greedy or i in candidates):
+            asking.append(i)
+        elif p.return_sampling_mask:
             logz[i] = 0.0                                   # nothing truncated: the whole mass, no mask
     if not asking:
         return masks, logz

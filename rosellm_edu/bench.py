@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from rosellm_edu import model_loader
 from rosellm_edu.bench_client import run_openai
+from rosellm_edu.machine import device_name
 from rosellm_edu.metrics import RequestTimes, format_summary, summarize
 from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.streaming import Request, stream
@@ -206,7 +207,8 @@ def main(argv=None) -> None:
             extra = f" (batch {r['batch_size']})" if r["engine"] == "transformers" else ""
             print(f"{r['engine']:>12} {dtype:>8}: {r['throughput_tok_s']:8.1f} tokens/s{extra}{ratio}")
     if args.json:
-        machine = {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__,
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        machine = {"platform": platform.platform(), "processor": device_name(device), "torch": torch.__version__,
                    "threads": torch.get_num_threads(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "machine": machine, "results": results}, f, indent=2)

@@ -26,6 +26,7 @@ from transformers import GPT2Config
 from rosellm_edu import model_loader
 from rosellm_edu.engine.model_runner import KVPoolWithScratch, ModelRunner
 from rosellm_edu.engine.scheduler import ScheduledSeq
+from rosellm_edu.machine import device_name
 from rosellm_edu.models import model_class
 from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.sequence import Sequence
@@ -97,8 +98,7 @@ def measure(model, batch_sizes: list[int], context: int, steps: int, warmup: int
 
 
 def machine(device: torch.device) -> dict:
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    return {"device": name, "device_type": device.type, "torch": torch.__version__, "cuda": torch.version.cuda,
+    return {"device": device_name(device), "device_type": device.type, "torch": torch.__version__, "cuda": torch.version.cuda,
             "platform": platform.platform(), "threads": torch.get_num_threads(),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "cuda_graphs": "captured" if device.type == "cuda" else "unavailable: no CUDA device",

@@ -6,8 +6,6 @@ close to a small model's real next-token distributions (chapter 06 counts them o
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from datetime import datetime, timezone
@@ -15,6 +13,7 @@ from datetime import datetime, timezone
 import torch
 
 from rosellm_edu import batch_sampler, sampler
+from rosellm_edu.machine import describe
 from rosellm_edu.sampling_params import SamplingParams
 
 SETTINGS = {
@@ -67,17 +66,6 @@ def run(batch_sizes: list[int], vocab_sizes: list[int], scale: float, repeat: in
     return rows
 
 
-def machine(device: torch.device = torch.device("cpu")) -> str:
-    """The CPU's model name (or the GPU's), threads and torch version."""
-    name = platform.processor() or platform.machine()
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    elif os.path.exists("/proc/cpuinfo"):
-        name = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                    name)
-    return f"{name}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-sizes", default="1,8,64,256")
@@ -88,12 +76,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", help="also write the rows, machine and date to this file")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    print(f"Machine: {machine(device)}; {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
+    print(f"Machine: {describe(device)}; {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
     rows = run([int(b) for b in args.batch_sizes.split(",")], [int(v) for v in args.vocab_sizes.split(",")],
                args.logit_scale, args.repeat, device)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(machine=machine(device), date=datetime.now(timezone.utc).isoformat(), rows=rows,
+            json.dump(dict(machine=describe(device), date=datetime.now(timezone.utc).isoformat(), rows=rows,
                            logit_scale=args.logit_scale, command=" ".join(["python -m rosellm_edu.bench_sampler",
                                                                            *sys.argv[1:]])), f, indent=1)
 
