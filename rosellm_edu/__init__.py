@@ -5,7 +5,7 @@ import importlib
 # Imported on first use, so `python -m rosellm_edu.export` runs even before the generated modules exist.
 _EXPORTS = {
     "LLM": "rosellm_edu.llm",
-    "LLMEngine": "rosellm_edu.engine",
+    "LLMEngine": "rosellm_edu.engine.llm_engine",
     "AsyncLLMEngine": "rosellm_edu.engine.async_llm_engine",
     "SamplingParams": "rosellm_edu.sampling_params",
     "RequestOutput": "rosellm_edu.outputs",

@@ -1,19 +1,15 @@
-# Generated from notebooks/01_token_generation.ipynb by `python -m rosellm_edu.export`.
-# Edit the notebook, not this file.
-
 from itertools import count
 
 from tqdm.auto import tqdm
 
+from rosellm_edu.engine.llm_engine import LLMEngine
 from rosellm_edu.outputs import RequestOutput
 from rosellm_edu.sampling_params import SamplingParams
 
 
 class LLM:
-    def __init__(self, model: str | None = None, *, engine_cls=None, **engine_kwargs):
-        if engine_cls is None:
-            from rosellm_edu.engine import LLMEngine as engine_cls
-        self.llm_engine = engine_cls(model, **engine_kwargs)
+    def __init__(self, model: str | None = None, **engine_kwargs):
+        self.llm_engine = LLMEngine(model, **engine_kwargs)
         self._ids = count()
 
     def get_tokenizer(self):

@@ -1,6 +1,3 @@
-# Generated from notebooks/01_token_generation.ipynb by `python -m rosellm_edu.export`.
-# Edit the notebook, not this file.
-
 import math
 from dataclasses import dataclass, field
 

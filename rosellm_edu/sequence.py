@@ -1,6 +1,3 @@
-# Generated from notebooks/01_token_generation.ipynb by `python -m rosellm_edu.export`.
-# Edit the notebook, not this file.
-
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -28,14 +25,12 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-    generator: torch.Generator | None = None   # set when the request has its own seed
+    generator: torch.Generator | None = None   # the request's own, when it has a seed
     sampling_mask: list[list[int]] | None = None  # kept ids per token, when params.return_sampling_mask
     sampling_logz: list[float] | None = None
     detokenizer: DecodeStream = field(default_factory=lambda: DecodeStream(skip_special_tokens=True), repr=False)
 
     def __post_init__(self):
-        if self.params.seed is not None:
-            self.generator = torch.Generator().manual_seed(self.params.seed)
         if self.params.return_sampling_mask:
             self.sampling_mask, self.sampling_logz = [], []
 

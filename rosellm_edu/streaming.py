@@ -1,6 +1,3 @@
-# Generated from notebooks/03_continuous_batching.ipynb by `python -m rosellm_edu.export`.
-# Edit the notebook, not this file.
-
 import time
 from collections import deque
 from dataclasses import dataclass, field

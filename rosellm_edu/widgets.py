@@ -14,7 +14,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
-from rosellm_edu.sampler import filtered_logits, sample_token
+from rosellm_edu.layers.sampler import filtered_logits
 from rosellm_edu.sampling_params import SamplingParams
 
 KEPT_SHOWN = 20  # tokens named in the kept-token line; the count covers all of them
@@ -69,7 +69,7 @@ class NextTokenExplorer:
         kept = probs.nonzero().flatten()
         kept = kept[probs[kept].argsort(descending=True)]
         return ExplorerState(params, top.tolist(), base[top].tolist(), probs[top].tolist(), kept.tolist(),
-                             sample_token(logits, params, self.generator))
+                             int(torch.multinomial(probs, 1, generator=self.generator)))
 
     def _on_change(self, _change=None) -> None:
         self.state = self.compute()

@@ -1,6 +1,3 @@
-# Generated from notebooks/07_serving.ipynb by `python -m rosellm_edu.export`.
-# Edit the notebook, not this file.
-
 import asyncio
 import queue
 import threading

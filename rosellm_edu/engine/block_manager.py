@@ -1,8 +1,8 @@
-# Generated from notebooks/04_paged_attention.ipynb by `python -m rosellm_edu.export`.
-# Edit the notebook, not this file.
-
+import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
+
+import numpy as np
 
 from rosellm_edu.sequence import Sequence
 
@@ -11,13 +11,15 @@ from rosellm_edu.sequence import Sequence
 class Block:
     block_id: int
     ref_count: int = 0
-    hash: int | None = None            # set once the block is full and its K/V are computed
+    hash: bytes | None = None          # set once the block is full and its K/V are computed
     token_ids: tuple[int, ...] = ()    # what the hash stands for, checked on a hit
 
 
-def chain_hash(prev_hash: int | None, token_ids: tuple[int, ...]) -> int:
-    """A block's key: its tokens and, through prev_hash, every token before them."""
-    return hash((prev_hash, token_ids))
+def chain_hash(prev_hash: bytes | None, token_ids: tuple[int, ...]) -> bytes:
+    """A block's key: its tokens and, through prev_hash, every token before them. SHA-256, so that no request can
+    craft a prompt whose key collides with another's and be handed that request's K/V."""
+    data = (prev_hash or b"") + np.array(token_ids, dtype=np.int64).tobytes()
+    return hashlib.sha256(data).digest()
 
 
 class BlockManager:
@@ -27,7 +29,7 @@ class BlockManager:
         self.block_size, self.enable_prefix_caching = block_size, enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU first
-        self.cached: dict[int, int] = {}                  # hash -> block id, for free and used full blocks
+        self.cached: dict[bytes, int] = {}                # hash -> block id, for free and used full blocks
         self.block_tables: dict[str, list[int]] = {}
         self.num_hashed: dict[str, int] = {}              # leading blocks of a sequence that have a hash
         self.queried_tokens = self.hit_tokens = 0

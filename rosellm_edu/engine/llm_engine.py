@@ -1,41 +1,155 @@
-# Generated from notebooks/06_fast_sampling.ipynb by `python -m rosellm_edu.export`.
-# Edit the notebook, not this file.
+import contextlib
+import functools
+import time
 
 import torch
 
-from rosellm_edu.batch_sampler import sample
-from rosellm_edu.engine.model_runner import KVPoolWithScratch, ModelRunner
-from rosellm_edu.engine.naive import Prompt
-from rosellm_edu.engine.paged_engine import PagedEngine
-from rosellm_edu.engine.scheduler import ScheduledSeq
+from rosellm_edu.engine.block_manager import BlockManager
+from rosellm_edu.engine.kv_cache import KVCache, blocks_in_budget
+from rosellm_edu.engine.model_runner import ModelRunner
+from rosellm_edu.engine.scheduler import ScheduledSeq, Scheduler
+from rosellm_edu.layers.sampler import sample
+from rosellm_edu.model_loader import load_model, load_tokenizer, resolve_model
+from rosellm_edu.outputs import RequestOutput
 from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.sequence import Sequence
 
+Prompt = str | dict
 
-class LLMEngine(PagedEngine):
-    """The engine `LLM` runs: chapter 04's paged engine, decoding through chapter 05's ModelRunner and picking
-    tokens with chapter 06's batched sampler."""
 
-    pool_cls = KVPoolWithScratch
-    returns_sampling_masks = True
+@functools.cache
+def bfloat16_is_faster_here() -> bool:
+    """Time one decoder-sized matmul in both dtypes on this CPU: whether bfloat16 pays depends on the CPU
+    (native bfloat16 units or not), and measuring is the one way to know."""
+    def best(dtype):
+        a, b = torch.randn(256, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - start)
+        return min(times)
+    return best(torch.bfloat16) < best(torch.float32)
 
-    def __init__(self, model: str | None = None, *, enforce_eager: bool = False, **kwargs):
-        super().__init__(model, **kwargs)
-        self.runner = ModelRunner(self.model, self.pool, self.scheduler.max_num_seqs, self.max_model_len,
-                                  enforce_eager=enforce_eager)
+
+def as_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """"auto": bfloat16 on a GPU, and on a CPU where its bfloat16 matmul beats float32; float32 otherwise."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        faster = device.type == "cuda" or (device.type == "cpu" and bfloat16_is_faster_here())
+        return torch.bfloat16 if faster else torch.float32
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {dtype!r}")
+    return getattr(torch, dtype)
+
+
+class LLMEngine:
+    """Requests in, outputs out, one step at a time: the scheduler picks a batch, the model runner computes its
+    logits, the sampler picks the tokens, and the sequences that finished leave."""
+
+    def __init__(self, model: str | None = None, *, dtype: str | torch.dtype = "auto", seed: int = 0,
+                 device: str | torch.device | None = None, block_size: int = 16, num_kv_blocks: int | None = None,
+                 kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
+                 enforce_eager: bool = False):
+        for name, value in [("block_size", block_size), ("max_num_seqs", max_num_seqs),
+                            ("max_num_batched_tokens", max_num_batched_tokens), ("num_kv_blocks", num_kv_blocks or 1)]:
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"LLMEngine {name} must be a positive integer, got {value!r}")
+        self.load(model, dtype, device)
+        config = self.model.config
+        num_blocks = num_kv_blocks or blocks_in_budget(config, block_size, self.dtype, self.device,
+                                                       kv_cache_memory_bytes, gpu_memory_utilization)
+        self.kv_cache = KVCache(config, num_blocks, block_size, self.dtype, self.device)
+        self.scheduler = Scheduler(BlockManager(num_blocks, block_size, enable_prefix_caching), max_num_seqs,
+                                   max_num_batched_tokens)
+        with self.device_context():
+            self.runner = ModelRunner(self.model, self.kv_cache, max_num_seqs, self.max_model_len,
+                                      enforce_eager=enforce_eager)
         # the sampler draws its noise where the logits are, so the generators live there too
-        self.generator = torch.Generator(self.device).manual_seed(self.generator.initial_seed())
+        self.generator = torch.Generator(self.device).manual_seed(seed)
+
+    def load(self, model: str | None, dtype: str | torch.dtype, device: str | torch.device | None) -> None:
+        """The model and tokenizer, and what the engine needs to know of them."""
+        path = resolve_model(model)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {str(device)!r} was asked for, but torch sees no CUDA device here")
+        self.dtype = as_dtype(dtype, self.device)
+        self.model = load_model(path, self.dtype, self.device)
+        self.tokenizer = load_tokenizer(path)
+        config = self.model.config
+        self.vocab_size = config.vocab_size
+        self.max_model_len = getattr(config, "max_position_embeddings", None) or config.n_positions
+        eos = getattr(config, "eos_token_id", None)
+        self.eos_token_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
+        self.eos_token_ids.discard(None)
+
+    def device_context(self):
+        """Make the engine's GPU the current one (graph capture and Triton launch on the current device)."""
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+
+    def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer(prompt).input_ids
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        raise ValueError(f"a prompt is a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
 
     def make_sequence(self, request_id: str, prompt: Prompt, params: SamplingParams | None) -> Sequence:
-        seq = super().make_sequence(request_id, prompt, params)
-        if seq.generator is not None:
-            seq.generator = torch.Generator(self.device).manual_seed(seq.params.seed)
-        return seq
+        """Tokenize and check a request; a bad one raises ValueError naming what is wrong."""
+        text, ids = self.tokenize(prompt)
+        if not ids:
+            raise ValueError(f"request {request_id!r}: the prompt is empty")
+        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in ids):
+            raise ValueError(f"request {request_id!r}: prompt token ids must be integers in [0, {self.vocab_size})")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"request {request_id!r}: the prompt has {len(ids)} tokens but the model's context "
+                             f"holds {self.max_model_len}, leaving no room to generate")
+        params = params or SamplingParams()
+        seeded = None if params.seed is None else torch.Generator(self.device).manual_seed(params.seed)
+        return Sequence(request_id, text, ids, params, generator=seeded)
+
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
+        if self.scheduler.find(request_id) is not None:
+            raise ValueError(f"request {request_id!r} is already running")
+        seq = self.make_sequence(request_id, prompt, params)
+        needed = self.scheduler.block_manager.blocks_needed(len(seq))
+        if needed > self.kv_cache.num_blocks:
+            raise ValueError(f"request {request_id!r}: its prompt needs {needed} KV blocks but the engine has "
+                             f"{self.kv_cache.num_blocks}; shorten the prompt or give the KV cache more memory")
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> None:
+        seq = self.scheduler.find(request_id)
+        if seq is None:
+            raise KeyError(f"no unfinished request {request_id!r}")
+        self.scheduler.remove(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @torch.no_grad()
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        with self.device_context():
+            logits = self.forward(batch)
+        self.scheduler.computed(batch)
+        sampling = [s.seq for s in batch if s.samples]
+        outputs = []
+        for seq, token in zip(sampling, self.pick_tokens(sampling, logits)):
+            seq.append_token(token, self.tokenizer, self.eos_token_ids, self.max_model_len)
+            if seq.finished:
+                self.scheduler.remove(seq)
+            outputs.append(seq.output())
+        return outputs
 
     def forward(self, batch: list[ScheduledSeq]) -> torch.Tensor:
-        if self.runner.can_run(batch):
-            return self.runner.execute(batch, self.scheduler.allocator.block_tables)
-        return super().forward(batch)
+        """Logits (sampling rows, vocab) of one step."""
+        return self.runner.run(batch, self.scheduler.block_manager.block_tables)
 
     def pick_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """Every sampling row at once, one device->host transfer; records masks for the requests that ask."""
@@ -44,3 +158,7 @@ class LLMEngine(PagedEngine):
             if seq.params.return_sampling_mask:
                 seq.record_sampling_mask(mask, logz)
         return out.token_ids
+
+    def kv_cache_stats(self) -> dict:
+        """total_blocks, free_blocks, cached_blocks (free but holding a reusable prefix), prefix_hit_rate."""
+        return self.scheduler.block_manager.stats()

@@ -1,79 +1,100 @@
-# Generated from notebooks/03_continuous_batching.ipynb by `python -m rosellm_edu.export`.
-# Edit the notebook, not this file.
-
 from collections import deque
 from dataclasses import dataclass
 
-from rosellm_edu.engine.kv_pool import ReservingAllocator
+from rosellm_edu.engine.block_manager import BlockManager
 from rosellm_edu.sequence import Sequence, SequenceStatus
 
 
 @dataclass
 class ScheduledSeq:
     seq: Sequence
-    num_cached: int   # positions whose K/V are already in the pool
-    num_new: int      # positions this step computes
+    num_computed: int   # positions whose K/V are already in the cache
+    num_new: int        # positions this step computes
 
     @property
     def samples(self) -> bool:
         """Does this step reach the end of the sequence, so that its last logits give a new token?"""
-        return self.num_cached + self.num_new == len(self.seq)
+        return self.num_computed + self.num_new == len(self.seq)
 
 
 class Scheduler:
-    def __init__(self, allocator: ReservingAllocator, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int):
-        self.allocator = allocator
+    """Picks each step's batch under a token budget: running sequences first (decodes and prefill chunks), then
+    waiting ones while blocks and seats remain; preempts the newest when the blocks run out."""
+
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.block_manager = block_manager
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.num_cached: dict[str, int] = {}
-
-    def reservation(self, seq: Sequence) -> int:
-        return min(len(seq) + seq.params.max_tokens - len(seq.output_token_ids), self.max_model_len)
+        self.requests: dict[str, Sequence] = {}    # every unfinished sequence, by request id
+        self.num_computed: dict[str, int] = {}
+        self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        self.requests[seq.request_id] = seq
 
     def find(self, request_id: str) -> Sequence | None:
-        return next((s for s in [*self.running, *self.waiting] if s.request_id == request_id), None)
+        return self.requests.get(request_id)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.requests)
 
     def schedule(self) -> list[ScheduledSeq]:
-        budget, batch = self.max_num_batched_tokens, []
-        for seq in self.running:
-            if budget == 0:
-                break
-            cached = self.num_cached[seq.request_id]
-            n = min(len(seq) - cached, budget)
-            batch.append(ScheduledSeq(seq, cached, n))
-            budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        budget, batch, preemptions = self.max_num_batched_tokens, [], self.num_preemptions
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            computed = self.num_computed[seq.request_id]
+            n = min(len(seq) - computed, budget)
+            if self.make_room(seq, computed + n):
+                batch.append(ScheduledSeq(seq, computed, n))
+                budget -= n
+                i += 1
+        while self.num_preemptions == preemptions and self.waiting and budget > 0 \
+                and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self.allocator.can_admit(self.reservation(seq)):
+            computed = self.block_manager.allocate(seq)
+            if computed is None:
                 break
             self.waiting.popleft()
-            self.allocator.admit(seq.request_id, self.reservation(seq))
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            self.num_cached[seq.request_id] = 0
-            n = min(len(seq), budget)
-            batch.append(ScheduledSeq(seq, 0, n))
+            self.num_computed[seq.request_id] = computed
+            n = min(len(seq) - computed, budget)
+            batch.append(ScheduledSeq(seq, computed, n))
             budget -= n
         return batch
 
+    def make_room(self, seq: Sequence, num_tokens: int) -> bool:
+        """Preempt the newest running sequences until seq has blocks for num_tokens; False if seq itself went."""
+        while not self.block_manager.ensure(seq, num_tokens):
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free seq's blocks and send it back to the front of the queue; its prefill re-runs later."""
+        self.running.remove(seq)
+        self.num_computed.pop(seq.request_id)
+        self.block_manager.free(seq.request_id)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
     def computed(self, batch: list[ScheduledSeq]) -> None:
         for s in batch:
-            self.num_cached[s.seq.request_id] = s.num_cached + s.num_new
+            self.num_computed[s.seq.request_id] = s.num_computed + s.num_new
+            self.block_manager.commit(s.seq, s.num_computed + s.num_new)
 
     def remove(self, seq: Sequence) -> None:
         """Take a finished or aborted sequence out and free its KV blocks."""
-        if seq in self.running:
-            self.running.remove(seq)
-        else:
+        if seq.status == SequenceStatus.WAITING:
             self.waiting.remove(seq)
-        self.num_cached.pop(seq.request_id, None)
-        self.allocator.free(seq.request_id)
+        else:
+            self.running.remove(seq)
+        del self.requests[seq.request_id]
+        self.num_computed.pop(seq.request_id, None)
+        self.block_manager.free(seq.request_id)

@@ -1,6 +1,3 @@
-# Generated from notebooks/04_paged_attention.ipynb by `python -m rosellm_edu.export`.
-# Edit the notebook, not this file.
-
 import functools
 import warnings
 
@@ -17,7 +14,7 @@ SOURCE = r"""
 // One work item per (sequence, kv head): its query group walks the block table once, keeping an online softmax.
 template <typename T>
 void decode(const T* q, const T* k, const T* v, const int32_t* tables, const int32_t* lens, T* out, int64_t seqs,
-            int64_t heads, int64_t kv_heads, int64_t d, int64_t bs, int64_t max_blocks, float scale) {
+            int64_t heads, int64_t kv_heads, int64_t d, int64_t bs, int64_t table_stride, float scale) {
   const int64_t group = heads / kv_heads, row = kv_heads * d;   // row: distance between two slots of one head
   at::parallel_for(0, seqs * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(group * d), acc(group * d), m(group), l(group), s(bs);
@@ -29,7 +26,7 @@ void decode(const T* q, const T* k, const T* v, const int32_t* tables, const int
       std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
       std::fill(l.begin(), l.end(), 0.f);
       for (int64_t start = 0; start < len; start += bs) {
-        const int64_t block = tables[seq * max_blocks + start / bs], n = std::min(bs, len - start);
+        const int64_t block = tables[seq * table_stride + start / bs], n = std::min(bs, len - start);
         const T* kb = k + block * bs * row + h * d;
         const T* vb = v + block * bs * row + h * d;
         for (int64_t g = 0; g < group; ++g) {
@@ -69,11 +66,12 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
                                      torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous tensors expected");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt, "int32 tables expected");
+  TORCH_CHECK(block_tables.stride(1) == 1, "block table rows must be contiguous");
   auto out = torch::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode_attention", [&] {
     decode<scalar_t>(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
                      block_tables.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(), out.data_ptr<scalar_t>(),
-                     q.size(0), q.size(1), k_cache.size(2), q.size(2), k_cache.size(1), block_tables.size(1),
+                     q.size(0), q.size(1), k_cache.size(2), q.size(2), k_cache.size(1), block_tables.stride(0),
                      float(scale));
   });
   return out;
@@ -99,5 +97,6 @@ def extension():
 def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """The same contract as the Triton kernel: q (seqs, heads, d); k_cache, v_cache (blocks, block_size, kv_heads, d);
-    block_tables (seqs, max_blocks) int32; context_lens (seqs,) int32, each >= 1. Returns (seqs, heads, d)."""
+    block_tables (seqs, max_blocks) int32, rows contiguous (a column slice is fine); context_lens (seqs,) int32,
+    each >= 1. Returns (seqs, heads, d)."""
     return extension().paged_decode_attention(q.contiguous(), k_cache, v_cache, block_tables, context_lens, scale)

@@ -1,6 +1,3 @@
-# Generated from notebooks/04_paged_attention.ipynb by `python -m rosellm_edu.export`.
-# Edit the notebook, not this file.
-
 import torch
 import triton
 import triton.language as tl
@@ -8,7 +5,7 @@ import triton.language as tl
 
 @triton.jit
 def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, out_ptr, scale,
-                         max_blocks_per_seq, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                         table_stride, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                          BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr):
     # One program per (sequence, kv head): its whole query group shares each K/V block it loads.
     seq, kv_head = tl.program_id(0), tl.program_id(1)
@@ -27,7 +24,7 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)      # running sum of exp(score - m) * v
     for i in range(0, (context_len + BLOCK_SIZE - 1) // BLOCK_SIZE):
         # int64: block * block_size * kv_heads * head_dim overflows int32 in a large pool.
-        block = tl.load(block_tables_ptr + seq * max_blocks_per_seq + i).to(tl.int64)
+        block = tl.load(block_tables_ptr + seq * table_stride + i).to(tl.int64)
         valid = i * BLOCK_SIZE + t < context_len           # the last block may be partly filled
         kv_offs = ((block * BLOCK_SIZE + t) * num_kv_heads + kv_head)[:, None] * HEAD_DIM + d[None, :]
         k = tl.load(k_ptr + kv_offs).to(tl.float32)        # (BLOCK_SIZE, HEAD_DIM); stale rows' scores are masked below
@@ -54,10 +51,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "the kernel computes offsets for a contiguous pool"
-    q, block_tables = q.contiguous(), block_tables.contiguous()
+    assert block_tables.stride(1) == 1, "block table rows must be contiguous (a column slice is fine)"
+    q = q.contiguous()
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
     _paged_decode_kernel[(num_seqs, num_kv_heads)](
-        q, k_cache, v_cache, block_tables, context_lens, out, scale, block_tables.shape[1],
+        q, k_cache, v_cache, block_tables, context_lens, out, scale, block_tables.stride(0),
         GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_SIZE=block_size, HEAD_DIM=head_dim)
     return out

@@ -1,7 +1,7 @@
 """Benchmark the decode step, eager versus CUDA graphs: TPOT and throughput across batch sizes.
 
-    python -m rosellm_edu.bench_decode                                   # on a GPU: writes the chapter's data file
-    python -m rosellm_edu.bench_decode --batch-sizes 1,4 --steps 8       # on a CPU: eager only
+    python -m rosellm_edu.benchmarks.decode                                   # on a GPU: writes the chapter's data file
+    python -m rosellm_edu.benchmarks.decode --batch-sizes 1,4 --steps 8       # on a CPU: eager only
 
 Each model decodes --steps tokens for B sequences that already hold --context tokens of K/V (random values:
 the speed of a step does not depend on them). A step is what the engine does for a decode batch: the
@@ -24,9 +24,10 @@ import torch
 from transformers import GPT2Config
 
 from rosellm_edu import model_loader
-from rosellm_edu.engine.model_runner import KVPoolWithScratch, ModelRunner
+from rosellm_edu.engine.kv_cache import KVCache
+from rosellm_edu.engine.model_runner import ModelRunner
 from rosellm_edu.engine.scheduler import ScheduledSeq
-from rosellm_edu.machine import device_name
+from rosellm_edu.benchmarks.machine import device_name
 from rosellm_edu.models import model_class
 from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.sequence import Sequence
@@ -63,7 +64,7 @@ def time_steps(runner: ModelRunner, seqs, tables, steps: int, warmup: int) -> li
     for i in range(warmup + steps):
         start = time.perf_counter()
         batch = [ScheduledSeq(s, len(s) - 1, 1) for s in seqs]
-        tokens = runner.execute(batch, tables).argmax(dim=-1).tolist()    # waits for the device
+        tokens = runner.run(batch, tables).argmax(dim=-1).tolist()    # waits for the device
         for s, t in zip(seqs, tokens):
             s.output_token_ids.append(t)
         if i >= warmup:
@@ -80,7 +81,7 @@ def measure(model, batch_sizes: list[int], context: int, steps: int, warmup: int
     if length > max_len:
         raise ValueError(f"--context + --warmup + --steps = {length} exceeds the model's {max_len} positions")
     max_bs = max(batch_sizes)
-    pool = KVPoolWithScratch(model.config, max_bs * -(-length // block_size), block_size, dtype, device)
+    pool = KVCache(model.config, max_bs * -(-length // block_size), block_size, dtype, device)
     torch.manual_seed(0)
     pool.k.normal_(), pool.v.normal_()                 # not zeros: a real cache holds real numbers
     gen = torch.Generator().manual_seed(0)
@@ -102,12 +103,12 @@ def machine(device: torch.device) -> dict:
             "platform": platform.platform(), "threads": torch.get_num_threads(),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "cuda_graphs": "captured" if device.type == "cuda" else "unavailable: no CUDA device",
-            "command": " ".join(["python -m rosellm_edu.bench_decode", *sys.argv[1:]])}
+            "command": " ".join(["python -m rosellm_edu.benchmarks.decode", *sys.argv[1:]])}
 
 
 def main(argv=None) -> dict:
     cuda = torch.cuda.is_available()
-    parser = argparse.ArgumentParser(prog="python -m rosellm_edu.bench_decode", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rosellm_edu.benchmarks.decode", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="gpt2,embedded", help="comma list of gpt2, embedded")
     parser.add_argument("--batch-sizes", default="1,2,4,8,16,32,64" if cuda else "1,4")
     parser.add_argument("--context", type=int, default=256, help="tokens each sequence holds before decoding")

@@ -1,7 +1,7 @@
 """The `rosellm-edu` command.
 
     rosellm-edu serve --host 127.0.0.1 --port 8000 [--model DIR_OR_ID]   an OpenAI-compatible server
-    rosellm-edu bench --engines openai --url http://127.0.0.1:8000/v1    the benchmark (see rosellm_edu.bench)
+    rosellm-edu bench --engines openai --url http://127.0.0.1:8000/v1    the benchmark (see rosellm_edu.benchmarks.mixed)
 """
 
 import argparse
@@ -14,8 +14,12 @@ def serve(argv: list[str]) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--model", default=None, help="model directory or hub id (default: the embedded SmolLM2)")
     parser.add_argument("--served-model-name", default=None, help="the name clients use (default: --model)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--num-kv-blocks", type=int, default=2048)
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="auto: bfloat16 on a GPU, and on a CPU whose bfloat16 matmuls beat float32")
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when there is one)")
+    parser.add_argument("--num-kv-blocks", type=int, default=None, help="default: as many as the budget holds")
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="the KV budget on a CPU")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
@@ -24,12 +28,15 @@ def serve(argv: list[str]) -> None:
 
     import uvicorn
 
-    from rosellm_edu.engine import LLMEngine
+    from rosellm_edu.engine.llm_engine import LLMEngine
     from rosellm_edu.engine.async_llm_engine import AsyncLLMEngine
     from rosellm_edu.entrypoints.openai.api_server import build_app
     from rosellm_edu.model_loader import EMBEDDED_NAME
 
-    engine = AsyncLLMEngine(LLMEngine(args.model, dtype=args.dtype, num_kv_blocks=args.num_kv_blocks,
+    engine = AsyncLLMEngine(LLMEngine(args.model, dtype=args.dtype, device=args.device,
+                                      num_kv_blocks=args.num_kv_blocks,
+                                      kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+                                      gpu_memory_utilization=args.gpu_memory_utilization,
                                       block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                                       max_num_batched_tokens=args.max_num_batched_tokens,
                                       enable_prefix_caching=not args.no_prefix_caching))
@@ -42,7 +49,7 @@ def serve(argv: list[str]) -> None:
 
 
 def bench(argv: list[str]) -> None:
-    from rosellm_edu.bench import main
+    from rosellm_edu.benchmarks.mixed import main
 
     main(argv)
 

@@ -1,4 +1,4 @@
-"""python -m rosellm_edu.bench_sampler: chapter 01's full-sort sampler vs chapter 06's batched sampler on
+"""python -m rosellm_edu.benchmarks.sampler: chapter 01's full-sort filters vs chapter 06's batched sampler on
 [B, V] logits, side by side in one run, as a table (and optionally JSON).
 
 The logits are random normal times --logit-scale (default 5): top-p 0.9 then keeps a few dozen tokens per row,
@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 
 import torch
 
-from rosellm_edu import batch_sampler, sampler
-from rosellm_edu.machine import describe
+from rosellm_edu.layers import sampler
+from rosellm_edu.benchmarks.machine import describe
 from rosellm_edu.sampling_params import SamplingParams
 
 SETTINGS = {
@@ -25,13 +25,16 @@ SETTINGS = {
 
 
 def full_sort(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> list[int]:
-    """Chapter 01's sampler on the whole batch at once: a sort of the whole vocabulary whenever top-p is on."""
-    return sampler.sample(logits, params, generator).tolist()
+    """Chapter 01's filters on the whole batch at once: a sort of the whole vocabulary whenever top-p is on."""
+    if params.greedy:
+        return logits.argmax(dim=-1).tolist()
+    probs = sampler.filtered_logits(logits, params).softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1).tolist()
 
 
 def fast(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> list[int]:
     rows = logits.shape[0]
-    return batch_sampler.sample(logits, [params] * rows, [None] * rows, generator).token_ids
+    return sampler.sample(logits, [params] * rows, [None] * rows, generator).token_ids
 
 
 def best_ms(fn, repeat: int) -> float:
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(machine=describe(device), date=datetime.now(timezone.utc).isoformat(), rows=rows,
-                           logit_scale=args.logit_scale, command=" ".join(["python -m rosellm_edu.bench_sampler",
+                           logit_scale=args.logit_scale, command=" ".join(["python -m rosellm_edu.benchmarks.sampler",
                                                                            *sys.argv[1:]])), f, indent=1)
 
 

@@ -1,6 +1,6 @@
 """Build the static HTML book: the executed notebooks in the order of book.toml, a contents page, navigation.
 
-    python -m rosellm_edu.book [--out _build/book]
+    python -m rosellm_edu.book.html [--out _build/book]
 
 The notebooks are rendered as committed (with their outputs), not re-run. Links in a chapter that point to
 another chapter's .ipynb are rewritten to its page; links to other files of the repository are rewritten
@@ -21,7 +21,7 @@ import jinja2
 import nbformat
 from nbconvert import HTMLExporter
 
-from rosellm_edu.export import ROOT, Chapter, load_book
+from rosellm_edu.book.export import ROOT, Chapter, load_book
 
 INDEX = "index.html"
 

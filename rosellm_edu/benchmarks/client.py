@@ -1,6 +1,6 @@
 """Drive an OpenAI-compatible server (ours, vLLM, SGLang) with a benchmark workload and time every chunk.
 
-    python -m rosellm_edu.bench --engines openai --url http://127.0.0.1:8000/v1 --workload mixed
+    python -m rosellm_edu.benchmarks.mixed --engines openai --url http://127.0.0.1:8000/v1 --workload mixed
 
 Each request is a streamed `/v1/completions` call with token-id prompts and `ignore_eos`, so every server
 generates exactly the workload's lengths. One streamed chunk is counted as one token, which holds for our server
@@ -13,12 +13,12 @@ import time
 
 import openai
 
-from rosellm_edu.metrics import RequestTimes, summarize
+from rosellm_edu.benchmarks.metrics import RequestTimes, summarize
 
 
 async def run_openai(url: str, requests: list[tuple[list[int], int]], arrivals: list[float],
                      model: str | None = None, **sampling) -> dict:
-    """The summary of rosellm_edu.metrics for one run of the workload against the server at url."""
+    """The summary of rosellm_edu.benchmarks.metrics for one run of the workload against the server at url."""
     times, duration, model, mismatches = await time_requests(url, requests, arrivals, model, **sampling)
     return {**summarize(times, duration), "url": url, "model": model, "chunk_count_mismatches": mismatches}
 

@@ -1,13 +1,13 @@
 """Benchmark the engine against transformers on a named workload.
 
-    python -m rosellm_edu.bench --workload mixed --engines llm,transformers,naive --dtypes float32,bfloat16
-    python -m rosellm_edu.bench --workload mixed --engines openai --url http://127.0.0.1:8000/v1
+    python -m rosellm_edu.benchmarks.mixed --workload mixed --engines llm,transformers,naive --dtypes float32,bfloat16
+    python -m rosellm_edu.benchmarks.mixed --workload mixed --engines openai --url http://127.0.0.1:8000/v1
 
 Every configuration runs in this one process on the same requests, so the ratios it prints are side by side.
 `naive` is transformers' generate called one request at a time; `transformers` pads batches of requests to
 their longest prompt and runs them to their longest output, at each of --hf-batch-sizes. `openai` drives any
 OpenAI-compatible server at --url (ours from `rosellm-edu serve`, or vLLM, SGLang), streaming, with the same
-metrics (rosellm_edu.bench_client).
+metrics (rosellm_edu.benchmarks.client).
 """
 
 import argparse
@@ -21,9 +21,9 @@ import torch
 from tqdm.auto import tqdm
 
 from rosellm_edu import model_loader
-from rosellm_edu.bench_client import run_openai
-from rosellm_edu.machine import device_name
-from rosellm_edu.metrics import RequestTimes, format_summary, summarize
+from rosellm_edu.benchmarks.client import run_openai
+from rosellm_edu.benchmarks.machine import device_name
+from rosellm_edu.benchmarks.metrics import RequestTimes, format_summary, summarize
 from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.streaming import Request, stream
 
@@ -45,7 +45,7 @@ def workload(name: str, num_requests: int, vocab_size: int, seed: int) -> list[t
 
 
 def run_llm(model_dir, dtype, requests, request_rate: float, engine_kwargs: dict, sampling: dict) -> dict:
-    from rosellm_edu.engine import LLMEngine
+    from rosellm_edu.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(model_dir, dtype=dtype, **engine_kwargs)
     warmup = [Request(f"warmup{i}", {"prompt_token_ids": p[:32]}, request_params(8, sampling))
@@ -140,7 +140,7 @@ def run_transformers(model_dir, dtype, requests, batch_size: int, sampling: dict
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rosellm_edu.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rosellm_edu.benchmarks.mixed", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="model directory or hub id (default: the embedded SmolLM2)")
     parser.add_argument("--workload", default="mixed", choices=["mixed", "equal", "shared-prefix"])
     parser.add_argument("--num-requests", type=int, default=64)

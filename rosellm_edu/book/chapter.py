@@ -1,0 +1,164 @@
+"""Chapter snapshots: a reader of chapter N runs the package as the chapters before N left it, not the final one.
+
+A notebook's first code cell calls ``open_chapter("03_continuous_batching.ipynb")``. From then on, importing a
+generated module of rosellm_edu gives its text folded from the earlier chapters only, a module that only a later
+chapter creates cannot be imported, and each ``#| export MODULE`` cell that runs without error puts what it
+defined into ``rosellm_edu.MODULE``, so that the chapter's later cells and imports see its current code.
+Hand-written modules load from disk as usual; their imports of generated modules get the chapter's versions.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.abc
+import importlib.util
+import linecache
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+
+from rosellm_edu.book.export import ROOT, cell_module, fold_chapters, load_book
+from rosellm_edu.book.fold import BOOK, PACKAGE, bound_names
+
+
+def module_sources(before: str | None, root: Path = ROOT) -> dict[str, str]:
+    """Module name -> its generated text as folded from the chapters before notebook `before` (None: all)."""
+    _, chapters = load_book(root)
+    notebooks = [chapter.notebook for chapter in chapters]
+    if before is not None and before not in notebooks:
+        raise ValueError(f"{before} is not a chapter of book.toml")
+    return fold_chapters(chapters[:notebooks.index(before)] if before else chapters, root)
+
+
+class ChapterFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves rosellm_edu's generated modules as they stand when one chapter begins."""
+
+    def __init__(self, notebook: str, root: Path = ROOT):
+        self.notebook = notebook
+        self.sources = module_sources(notebook, root)
+        self.built_in: dict[str, str] = {}  # generated module -> the first chapter that exports to it
+        for chapter in load_book(root)[1]:
+            for module in chapter.modules:
+                self.built_in.setdefault(module, chapter.notebook)
+
+    def find_spec(self, fullname, path, target=None):
+        name = fullname.removeprefix(PACKAGE + ".")
+        if name == fullname or name not in self.built_in:
+            return None  # not generated: the usual finders look on disk
+        if name not in self.sources:
+            raise ModuleNotFoundError(self.not_yet_built(fullname, self.built_in[name]), name=fullname)
+        return importlib.util.spec_from_loader(fullname, self, origin=self.filename(name))
+
+    def not_yet_built(self, fullname: str, chapter: str) -> str:
+        if chapter == self.notebook:
+            return f"{fullname} is built in this chapter ({chapter}), by an `#| export` cell that has not run yet"
+        return f"{fullname} is built in chapter {chapter}, later than this one ({self.notebook})"
+
+    def filename(self, name: str) -> str:
+        return f"<{PACKAGE}/{name.replace('.', '/')}.py as of {self.notebook}>"
+
+    def create_module(self, spec):
+        return None  # the default module
+
+    def exec_module(self, module: ModuleType) -> None:
+        name = module.__name__.removeprefix(PACKAGE + ".")
+        source, filename = self.sources[name], self.filename(name)
+        # Tracebacks and inspect.getsource (Triton's @jit needs it) read the lines from here.
+        linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+        exec(compile(source, filename, "exec"), module.__dict__)
+
+
+def open_chapter(notebook: str, root: Path = ROOT) -> None:
+    """Run the rest of this notebook against the package as of its chapter (call it before importing anything
+    of rosellm_edu but rosellm_edu.book). Calling it again replaces the previous chapter's finder."""
+    finder = ChapterFinder(notebook, root)  # first, so that a wrong name changes nothing
+    set_aside()
+    install(finder)
+    shell = ipython()
+    if shell is not None:
+        shell.events.register("post_run_cell", publish_ran_cell)  # IPython registers a callback only once
+
+
+@contextmanager
+def package_as_of(notebook: str, root: Path = ROOT):
+    """For tests: yield load("engine.llm_engine") -> that module as of the chapter; all is put back on exit."""
+    finder = ChapterFinder(notebook, root)
+    meta_path, aside = list(sys.meta_path), set_aside()
+    install(finder)
+    try:
+        yield lambda name: importlib.import_module(f"{PACKAGE}.{name}")
+    finally:
+        sys.meta_path[:] = meta_path
+        set_aside()
+        bring_back(aside)
+
+
+def publish_cell(source: str, namespace: dict) -> ModuleType | None:
+    """Copy what an `#| export MODULE` cell defined (defs, classes, assigned names; not methods added to a class,
+    not imports) from the namespace it ran in into rosellm_edu.MODULE. Returns that module; None for other cells."""
+    name = cell_module(source)
+    if name is None:
+        return None
+    module = imported_or_new(f"{PACKAGE}.{name}")
+    for node in ast.parse(source.partition("\n")[2]).body:
+        for bound in bound_names(node):
+            if bound in namespace:
+                setattr(module, bound, namespace[bound])
+    return module
+
+
+def imported_or_new(fullname: str) -> ModuleType:
+    """The module as the earlier chapters left it, else a new empty one, attached to its package."""
+    try:
+        return importlib.import_module(fullname)
+    except ModuleNotFoundError as error:
+        if error.name != fullname:
+            raise
+    module = ModuleType(fullname)
+    sys.modules[fullname] = module
+    parent, _, child = fullname.rpartition(".")
+    setattr(importlib.import_module(parent), child, module)
+    return module
+
+
+def publish_ran_cell(result) -> None:
+    """IPython's post_run_cell callback."""
+    if result.success:
+        publish_cell(result.info.raw_cell, ipython().user_ns)
+
+
+def ipython():
+    """The running IPython shell, or None (without importing IPython where nothing has)."""
+    module = sys.modules.get("IPython")
+    return module.get_ipython() if module else None
+
+
+def install(finder: ChapterFinder) -> None:
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, ChapterFinder)]
+    sys.meta_path.insert(0, finder)
+
+
+def package_modules() -> list[str]:
+    """The imported rosellm_edu.* modules, but for the package itself and this tooling."""
+    return [name for name in sys.modules
+            if name.startswith(PACKAGE + ".") and name != BOOK and not name.startswith(BOOK + ".")]
+
+
+def set_aside() -> dict[str, ModuleType]:
+    """Remove the package's modules from sys.modules (so that they are imported again); return them."""
+    aside = {name: sys.modules.pop(name) for name in package_modules()}
+    for name, module in aside.items():
+        parent, _, child = name.rpartition(".")
+        if getattr(sys.modules.get(parent), child, None) is module:
+            delattr(sys.modules[parent], child)  # else `from rosellm_edu import engine` finds the old one
+    return aside
+
+
+def bring_back(aside: dict[str, ModuleType]) -> None:
+    sys.modules.update(aside)
+    for name, module in aside.items():
+        parent, _, child = name.rpartition(".")
+        if parent in sys.modules:
+            setattr(sys.modules[parent], child, module)

@@ -1,0 +1,226 @@
+"""Fold the exported cells of the chapters into one source text per module.
+
+The cells come in book order (chapters as book.toml lists them, cells in notebook order). Each top-level statement
+of a cell is one of:
+
+- an import: it joins the module's one import block at the top (deduplicated, first seen first,
+  ``from __future__`` first). Imports of ``rosellm_edu.book``, the tooling, are dropped.
+- a definition: a ``def``, ``async def``, ``class`` or an assignment to one name. A later definition of a name the
+  module already has replaces the earlier text where the earlier one stood.
+- a method: a function decorated ``@add_to_class(C)``. It is written into the body of class ``C`` without that
+  decorator, in place of C's method of the same name if there is one, else at the end of the class. Redefining
+  ``C`` as a whole drops the methods added to the earlier ``C``.
+- anything else (a ``try:`` block, an ``if``): kept in order, never replaced.
+
+Comment lines above a statement travel with it. Every top-level item, and every folded method, is preceded by a
+comment naming the notebook and cell it came from, so that a traceback leads back to the cell.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from dataclasses import dataclass, field
+
+PACKAGE = "rosellm_edu"
+BOOK = f"{PACKAGE}.book"
+COMMAND = f"python -m {BOOK}.export"
+GENERATED = "# Generated from notebooks/"  # the first line of every generated file starts so
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+# Python 3.12+ tokenizes an f-string in parts, from FSTRING_START to FSTRING_END (3.11 has no such tokens).
+FSTRING_START, FSTRING_END = getattr(tokenize, "FSTRING_START", None), getattr(tokenize, "FSTRING_END", None)
+
+
+@dataclass
+class Cell:
+    notebook: str
+    index: int  # 1-based position among all the notebook's cells, markdown cells included
+    module: str
+    body: str  # the source below the `#| export MODULE` line
+
+    @property
+    def origin(self) -> str:
+        return f"notebooks/{self.notebook}, cell {self.index}"
+
+
+@dataclass
+class Item:
+    origin: str
+    text: str
+    is_class: bool = False
+
+
+@dataclass
+class Module:
+    notebooks: list[str] = field(default_factory=list)
+    imports: dict[str, str] = field(default_factory=dict)  # the import as ast.unparse writes it -> as written
+    items: list[Item] = field(default_factory=list)
+    named: dict[str, Item] = field(default_factory=dict)
+
+
+def fold(cells: list[Cell]) -> dict[str, str]:
+    """Module name -> its generated source, from cells in book order."""
+    modules: dict[str, Module] = {}
+    for cell in cells:
+        module = modules.setdefault(cell.module, Module())
+        if cell.notebook not in module.notebooks:
+            module.notebooks.append(cell.notebook)
+        for node, text in statements(cell):
+            add(module, cell, node, text)
+    return {name: render(name, module) for name, module in modules.items()}
+
+
+def statements(cell: Cell) -> list[tuple[ast.stmt, str]]:
+    """Each top-level statement of the cell with its text, comments above it included."""
+    try:
+        tree = ast.parse(cell.body)
+    except SyntaxError as error:
+        raise ValueError(f"{cell.origin}: {error}") from error
+    if not tree.body:
+        return []
+    lines = cell.body.split("\n")
+    ends = [node.end_lineno for node in tree.body[:-1]] + [len(lines)]  # trailing comments join the last one
+    result = []
+    for start, end in zip([0] + ends[:-1], ends):
+        text = trim_blank_lines("\n".join(lines[start:end]))
+        body = ast.parse(text).body  # positions relative to the text, which is what folding edits
+        if len(body) != 1:
+            raise ValueError(f"{cell.origin}: write one top-level statement per line")
+        result.append((body[0], text))
+    return result
+
+
+def add(module: Module, cell: Cell, node: ast.stmt, text: str) -> None:
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        if not imports_book(node):
+            module.imports.setdefault(ast.unparse(node), text)
+        return
+    if (decorator := add_to_class_decorator(node)) is not None:
+        add_method(module, cell, node, text, decorator)
+        return
+    names = bound_names(node)
+    item = Item(cell.origin, text, isinstance(node, ast.ClassDef))
+    if len(names) == 1 and names[0] in module.named:
+        old = module.named[names[0]]
+        old.origin, old.text, old.is_class = item.origin, item.text, item.is_class
+        return
+    module.items.append(item)
+    if len(names) == 1:
+        module.named[names[0]] = item
+
+
+def imports_book(node: ast.Import | ast.ImportFrom) -> bool:
+    def in_book(name: str) -> bool:
+        return name == BOOK or name.startswith(BOOK + ".")
+
+    if isinstance(node, ast.Import):
+        return all(in_book(alias.name) for alias in node.names)
+    if node.level:
+        return False
+    return in_book(node.module) or node.module == PACKAGE and all(alias.name == "book" for alias in node.names)
+
+
+def add_to_class_decorator(node: ast.stmt) -> ast.Call | None:
+    """The `@add_to_class(C)` decorating a function, if any."""
+    for decorator in node.decorator_list if isinstance(node, FUNCTIONS) else []:
+        if isinstance(decorator, ast.Call) and "add_to_class" in (getattr(decorator.func, "id", None),
+                                                                 getattr(decorator.func, "attr", None)):
+            return decorator
+    return None
+
+
+def bound_names(node: ast.stmt) -> list[str]:
+    """The names a top-level def, class or assignment binds; none for a method added to a class."""
+    if isinstance(node, (*FUNCTIONS, ast.ClassDef)):
+        return [] if add_to_class_decorator(node) else [node.name]
+    if isinstance(node, ast.Assign):
+        return [name for target in node.targets for name in target_names(target)]
+    if isinstance(node, ast.AnnAssign) and node.value is not None:
+        return target_names(node.target)
+    return []
+
+
+def target_names(target: ast.expr) -> list[str]:
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, ast.Starred):
+        return target_names(target.value)
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [name for element in target.elts for name in target_names(element)]
+    return []  # an attribute or a subscript binds no name
+
+
+def add_method(module: Module, cell: Cell, node: ast.FunctionDef, text: str, decorator: ast.Call) -> None:
+    class_name = ast.unparse(decorator.args[0]) if decorator.args else "?"
+    item = module.named.get(class_name)
+    if item is None or not item.is_class:
+        raise ValueError(f"{cell.origin} adds method {node.name} to class {class_name}, "
+                         f"which no earlier cell of module {cell.module} defines")
+    lines = text.split("\n")
+    del lines[decorator.lineno - 1:decorator.end_lineno]
+    item.text = fold_method(item.text, node.name, "\n".join(lines), cell.origin)
+
+
+def fold_method(class_text: str, name: str, method_text: str, origin: str) -> str:
+    """The class with the method written into its body: in place of its method `name`, else at the end."""
+    lines = class_text.split("\n")
+    cls = ast.parse(class_text).body[0]
+    indent = re.match(r"[ \t]*", lines[cls.body[0].lineno - 1]).group()
+    new = [f"{indent}# {origin}"] + indented(method_text, indent)
+    old = next((n for n in cls.body if isinstance(n, FUNCTIONS) and n.name == name), None)
+    if old is None:
+        lines[cls.end_lineno:cls.end_lineno] = [""] + new
+        return "\n".join(lines)
+    start = min([old.lineno] + [d.lineno for d in old.decorator_list]) - 1
+    while start > cls.lineno and lines[start - 1].lstrip().startswith("#"):  # its comments go with it
+        start -= 1
+    lines[start:old.end_lineno] = new
+    return "\n".join(lines)
+
+
+def indented(text: str, indent: str) -> list[str]:
+    """The lines of text, indented, except blank lines and those that begin inside a string literal."""
+    verbatim = lines_inside_strings(text)
+    return [line if i in verbatim or not line.strip() else indent + line
+            for i, line in enumerate(text.split("\n"), 1)]
+
+
+def lines_inside_strings(text: str) -> set[int]:
+    """The (1-based) lines that begin inside a multi-line string: indenting them would change the string."""
+    inside, fstrings = set(), []
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type == tokenize.STRING:
+            inside.update(range(token.start[0] + 1, token.end[0] + 1))
+        elif token.type == FSTRING_START:
+            fstrings.append(token.start[0])
+        elif token.type == FSTRING_END:
+            inside.update(range(fstrings.pop() + 1, token.end[0] + 1))
+    return inside
+
+
+def trim_blank_lines(text: str) -> str:
+    lines = text.split("\n")
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return "\n".join(lines)
+
+
+def render(name: str, module: Module) -> str:
+    notebooks = ", ".join(f"notebooks/{notebook}" for notebook in module.notebooks)
+    header = (f"# Generated from {notebooks} by `{COMMAND}`.\n"
+              "# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell\n"
+              "# (cells counted from 1 in their notebook, markdown cells included).\n")
+    future = [text for key, text in module.imports.items() if key.startswith("from __future__ ")]
+    others = [text for key, text in module.imports.items() if not key.startswith("from __future__ ")]
+    imports = "\n\n".join("\n".join(block) for block in (future, others) if block)
+    items = [f"# {item.origin}\n{item.text}" for item in module.items]
+    text = header + "\n" + "\n\n\n".join(part for part in [imports, *items] if part) + "\n"
+    try:
+        compile(text, f"{PACKAGE}.{name}", "exec")
+    except SyntaxError as error:
+        raise ValueError(f"module {name}, as folded from {notebooks}, is not valid Python: {error}") from error
+    return text

@@ -1,0 +1,48 @@
+import torch
+
+
+def kv_cache_shape(config) -> tuple[int, int, int]:
+    """(layers, kv_heads, head_dim) for a Llama-family or GPT-2 config."""
+    if config.model_type == "gpt2":
+        return config.n_layer, config.n_head, config.n_embd // config.n_head
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return config.num_hidden_layers, config.num_key_value_heads, head_dim
+
+
+class KVCache:
+    """The engine's KV storage: one (layers, slots, kv_heads, head_dim) tensor for K and one for V, cut into
+    num_blocks blocks of block_size slots, plus one scratch block that the block manager never hands out:
+    the padded rows of a CUDA graph write their K/V there."""
+
+    def __init__(self, config, num_blocks: int, block_size: int, dtype=torch.float32, device="cpu"):
+        layers, kv_heads, head_dim = kv_cache_shape(config)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.scratch_block = num_blocks
+        self.k = torch.zeros(layers, (num_blocks + 1) * block_size, kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+
+
+def block_bytes(config, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of K and V that one block holds across all layers."""
+    layers, kv_heads, head_dim = kv_cache_shape(config)
+    return 2 * layers * block_size * kv_heads * head_dim * dtype.itemsize
+
+
+def blocks_in_budget(config, block_size: int, dtype: torch.dtype, device: torch.device,
+                     kv_cache_memory_bytes: int | None, gpu_memory_utilization: float) -> int:
+    """How many KV blocks fit: on a GPU, in gpu_memory_utilization of its memory minus what is in use (the
+    weights); elsewhere, in kv_cache_memory_bytes (vLLM's names for the two budgets)."""
+    if kv_cache_memory_bytes is None and device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        kv_cache_memory_bytes = int(total * gpu_memory_utilization) - (total - free)
+    if kv_cache_memory_bytes is None:
+        kv_cache_memory_bytes = CPU_KV_CACHE_BYTES
+    blocks = kv_cache_memory_bytes // block_bytes(config, block_size, dtype) - 1    # the scratch block
+    if blocks < 1:
+        raise ValueError(f"the KV cache budget of {kv_cache_memory_bytes} bytes holds no block of "
+                         f"{block_bytes(config, block_size, dtype)} bytes; raise kv_cache_memory_bytes "
+                         "or gpu_memory_utilization")
+    return blocks
+
+
+CPU_KV_CACHE_BYTES = 1 << 30   # 1 GiB: 22,000 tokens of SmolLM2-135M in float32
