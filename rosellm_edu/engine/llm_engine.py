@@ -135,8 +135,7 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
-        with self.device_context():
-            logits = self.forward(batch)
+        logits = self.forward(batch)
         self.scheduler.computed(batch)
         sampling = [s.seq for s in batch if s.samples]
         outputs = []
@@ -149,7 +148,8 @@ class LLMEngine:
 
     def forward(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """Logits (sampling rows, vocab) of one step."""
-        return self.runner.run(batch, self.scheduler.block_manager.block_tables)
+        with self.device_context():
+            return self.runner.run(batch, self.scheduler.block_manager.block_tables)
 
     def pick_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """Every sampling row at once, one device->host transfer; records masks for the requests that ask."""
