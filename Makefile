@@ -16,7 +16,7 @@ STAMP   := $(VENV)/.rosellm-edu-installed
 
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 # The notebooks in the order of book.toml.
-BOOK_NOTEBOOKS = $$($(PY) -c "from rosellm_edu.export import load_book; print(*('notebooks/' + c.notebook for c in load_book()[1]))")
+BOOK_NOTEBOOKS = $$($(PY) -c "from rosellm_edu.book.export import load_book; print(*('notebooks/' + c.notebook for c in load_book()[1]))")
 
 .PHONY: setup model lab test export execute book
 
@@ -40,11 +40,11 @@ lab: setup
 	$(JUPYTER) lab notebooks/
 
 test: setup
-	$(PY) -m rosellm_edu.export --check
+	$(PY) -m rosellm_edu.book.export --check
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -p no:cacheprovider $(NBVAL) tests notebooks
 
 export: $(STAMP)
-	$(PY) -m rosellm_edu.export
+	$(PY) -m rosellm_edu.book.export
 
 # For authors: regenerate the package from the notebooks, then re-run every notebook in place, in book order,
 # under the same conditions as `make test`.
@@ -54,4 +54,4 @@ execute: setup export
 
 # The static HTML book from the executed notebooks, in book order (no re-run): open _build/book/index.html.
 book: $(STAMP)
-	$(PY) -m rosellm_edu.book --out _build/book
+	$(PY) -m rosellm_edu.book.html --out _build/book

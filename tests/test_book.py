@@ -9,8 +9,8 @@ import nbformat
 import numpy as np
 import pytest
 
-from rosellm_edu import book
-from rosellm_edu.export import load_book
+from rosellm_edu.book import html as book
+from rosellm_edu.book.export import load_book
 
 
 class PageParser(HTMLParser):

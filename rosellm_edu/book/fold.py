@@ -3,8 +3,9 @@
 The cells come in book order (chapters as book.toml lists them, cells in notebook order). Each top-level statement
 of a cell is one of:
 
-- an import: it joins the module's one import block at the top (deduplicated, first seen first,
-  ``from __future__`` first). Imports of ``rosellm_edu.book``, the tooling, are dropped.
+- an import: it joins the module's one import block at the top, deduplicated, in PEP 8's groups (``__future__``,
+  the standard library, third-party packages, rosellm_edu), first seen first within a group. Imports of
+  ``rosellm_edu.book``, the tooling, are dropped.
 - a definition: a ``def``, ``async def``, ``class`` or an assignment to one name. A later definition of a name the
   module already has replaces the earlier text where the earlier one stood.
 - a method: a function decorated ``@add_to_class(C)``. It is written into the body of class ``C`` without that
@@ -21,6 +22,7 @@ from __future__ import annotations
 import ast
 import io
 import re
+import sys
 import tokenize
 from dataclasses import dataclass, field
 
@@ -55,7 +57,7 @@ class Item:
 @dataclass
 class Module:
     notebooks: list[str] = field(default_factory=list)
-    imports: dict[str, str] = field(default_factory=dict)  # the import as ast.unparse writes it -> as written
+    imports: dict[str, tuple[int, str]] = field(default_factory=dict)  # ast.unparse(import) -> its group, text
     items: list[Item] = field(default_factory=list)
     named: dict[str, Item] = field(default_factory=dict)
 
@@ -95,7 +97,7 @@ def statements(cell: Cell) -> list[tuple[ast.stmt, str]]:
 def add(module: Module, cell: Cell, node: ast.stmt, text: str) -> None:
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         if not imports_book(node):
-            module.imports.setdefault(ast.unparse(node), text)
+            module.imports.setdefault(ast.unparse(node), (import_group(node), text))
         return
     if (decorator := add_to_class_decorator(node)) is not None:
         add_method(module, cell, node, text, decorator)
@@ -120,6 +122,14 @@ def imports_book(node: ast.Import | ast.ImportFrom) -> bool:
     if node.level:
         return False
     return in_book(node.module) or node.module == PACKAGE and all(alias.name == "book" for alias in node.names)
+
+
+def import_group(node: ast.Import | ast.ImportFrom) -> int:
+    """PEP 8's import groups, in order: __future__, the standard library, third-party packages, this package."""
+    if isinstance(node, ast.ImportFrom) and node.level:
+        return 3
+    top = (node.module if isinstance(node, ast.ImportFrom) else node.names[0].name).partition(".")[0]
+    return 0 if top == "__future__" else 1 if top in sys.stdlib_module_names else 3 if top == PACKAGE else 2
 
 
 def add_to_class_decorator(node: ast.stmt) -> ast.Call | None:
@@ -214,9 +224,8 @@ def render(name: str, module: Module) -> str:
     header = (f"# Generated from {notebooks} by `{COMMAND}`.\n"
               "# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell\n"
               "# (cells counted from 1 in their notebook, markdown cells included).\n")
-    future = [text for key, text in module.imports.items() if key.startswith("from __future__ ")]
-    others = [text for key, text in module.imports.items() if not key.startswith("from __future__ ")]
-    imports = "\n\n".join("\n".join(block) for block in (future, others) if block)
+    groups = [[text for group, text in module.imports.values() if group == g] for g in range(4)]
+    imports = "\n\n".join("\n".join(group) for group in groups if group)
     items = [f"# {item.origin}\n{item.text}" for item in module.items]
     text = header + "\n" + "\n\n\n".join(part for part in [imports, *items] if part) + "\n"
     try:
