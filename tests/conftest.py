@@ -13,7 +13,7 @@ import transformers
 from hypothesis import settings
 
 from rosellm_edu import model_loader
-from rosellm_edu.sampler import apply_top_k
+from rosellm_edu.layers.sampler import apply_top_k
 from rosellm_edu.sampling_params import SamplingParams
 
 # .ci/run sets HYPOTHESIS_PROFILE=ci: the same examples on every CI run, so that a red run is reproducible
@@ -41,6 +41,15 @@ def our_model(embedded_dir):
 @pytest.fixture(scope="session")
 def hf_model(embedded_dir):
     return transformers.AutoModelForCausalLM.from_pretrained(embedded_dir, dtype=torch.float32).eval()
+
+
+def chapter_class(notebook: str, module: str, name: str):
+    """A class as the chapters before `notebook` left it, from an independent copy of the package: chapter 01's
+    LLMEngine is chapter_class("02_kv_cache.ipynb", "engine.llm_engine", "LLMEngine")."""
+    from rosellm_edu.book.chapter import package_as_of
+
+    with package_as_of(notebook) as load:
+        return getattr(load(module), name)
 
 
 def hf_greedy(hf_model, prompt_ids: list[int], n: int) -> list[int]:

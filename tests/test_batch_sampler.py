@@ -8,9 +8,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from rosellm_edu import batch_sampler
-from rosellm_edu.batch_sampler import draw_truncated, sample
-from rosellm_edu.sampler import filtered_logits
+from rosellm_edu.layers import sampler
+from rosellm_edu.layers.sampler import draw_truncated, filtered_logits, sample
 from rosellm_edu.sampling_params import SamplingParams
 
 row_params = st.builds(SamplingParams, temperature=st.floats(0.05, 3.0), top_k=st.integers(-1, 90),
@@ -54,7 +53,7 @@ def test_top_p_alone_falls_back_to_the_whole_vocabulary_when_the_candidates_fall
     params = [SamplingParams(temperature=temperature, top_p=top_p)] * 3
     assume(top_p_clear_of_rounding(logits, params))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(batch_sampler, "TOP_P_CANDIDATES", 8)
+        mp.setattr(sampler, "TOP_P_CANDIDATES", 8)
         tokens, cand = draw_truncated(logits, params, [None] * 3, None)
         reached = cand.probs.new_tensor([float(cand.complete[i]) for i in range(3)]).bool()
         expected = reference_probs(logits, params)

@@ -1,12 +1,14 @@
-"""Block manager and paged scheduler under random request streams, without a model (hypothesis)."""
+"""Block manager and scheduler under random request streams, without a model (hypothesis); prefix keys."""
 
 from collections import Counter
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rosellm_edu.engine.block_manager import BlockManager
-from rosellm_edu.engine.paged_scheduler import PagedScheduler
+import pytest
+
+from rosellm_edu.engine.block_manager import BlockManager, chain_hash
+from rosellm_edu.engine.scheduler import Scheduler
 from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.sequence import Sequence
 
@@ -38,7 +40,7 @@ request = st.tuples(
 def test_random_streams_keep_blocks_consistent_and_finish_every_request(
         requests, num_blocks, block_size, max_num_seqs, max_num_batched_tokens, prefix_caching, shared):
     bm = BlockManager(num_blocks, block_size, prefix_caching)
-    scheduler = PagedScheduler(bm, max_num_seqs, max_num_batched_tokens, 10_000)
+    scheduler = Scheduler(bm, max_num_seqs, max_num_batched_tokens)
     seqs, ended = {}, {}
     pending = sorted(enumerate(requests), key=lambda r: r[1][2])
     step = 0
@@ -46,7 +48,7 @@ def test_random_streams_keep_blocks_consistent_and_finish_every_request(
         while pending and pending[0][1][2] <= step:
             i, (prompt, max_tokens, _, _) = pending.pop(0)
             seq = Sequence(str(i), None, shared + prompt, SamplingParams(max_tokens=max_tokens))
-            if bm.blocks_needed(scheduler.reservation(seq)) > num_blocks:
+            if bm.blocks_needed(len(seq) + max_tokens) > num_blocks:
                 ended[seq.request_id] = "refused"              # what LLMEngine.add_request refuses
                 continue
             seqs[seq.request_id] = seq
@@ -91,3 +93,25 @@ def test_a_shared_prefix_is_reused_and_evicted_least_recently_used():
     c = Sequence("c", None, [7] * 11, SamplingParams())     # needs all six blocks: evicts the cached ones
     assert bm.allocate(c) == 0 and not bm.cached
     assert bm.allocate(Sequence("d", None, [1], SamplingParams())) is None
+
+
+def test_prefix_keys_are_sha256_chains_of_the_token_bytes():
+    import hashlib
+
+    import numpy as np
+
+    first = chain_hash(None, (1, 2))
+    assert first == hashlib.sha256(np.array([1, 2], dtype=np.int64).tobytes()).digest()
+    assert chain_hash(first, (3, 4)) == hashlib.sha256(first + np.array([3, 4], dtype=np.int64).tobytes()).digest()
+    assert chain_hash(None, (-1,)) != chain_hash(None, (-2,))
+    assert chain_hash(None, (1, 2)) != chain_hash(chain_hash(None, (1,)), (2,))
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_an_equal_prefix_under_another_parent_is_not_a_hit(prefix_caching):
+    bm = BlockManager(num_blocks=8, block_size=2, enable_prefix_caching=prefix_caching)
+    a = Sequence("a", None, [1, 2, 3, 4, 5], SamplingParams())
+    bm.allocate(a)
+    bm.commit(a, 5)
+    b = Sequence("b", None, [9, 9, 3, 4, 5], SamplingParams())   # the same second block after another first one
+    assert bm.allocate(b) == 0

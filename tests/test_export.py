@@ -278,6 +278,19 @@ def test_publish_cell_puts_what_a_cell_defined_into_its_module(tmp_path):
     assert "rosellm_edu.toy_new" not in sys.modules
 
 
+def test_a_redefined_class_replaces_the_old_one_wherever_a_module_imported_it(tmp_path):
+    from types import ModuleType
+
+    root = make_book(tmp_path, SNAPSHOT_BOOK)
+    with chapter.package_as_of("b.ipynb", root) as load:
+        old, new = type("C", (), {}), type("C", (), {})
+        chapter.publish_cell("#| export toy_new\nclass C:\n    pass", {"C": old})
+        user = sys.modules["rosellm_edu.toy_user"] = ModuleType("rosellm_edu.toy_user")
+        user.C, user.other = old, object()
+        chapter.publish_cell("#| export toy_new\nclass C:\n    pass", {"C": new})
+        assert load("toy_new").C is new and user.C is new and user.other is not new
+
+
 def test_open_chapter_in_ipython_serves_the_chapter_and_publishes_each_exported_cell(tmp_path):
     root = make_book(tmp_path, SNAPSHOT_BOOK)
     script = textwrap.dedent(f"""

@@ -1,21 +1,32 @@
-"""The LLM entry point and the step-wise engines: outputs, stop conditions, seeds and bad input."""
+"""The LLM entry point and the step-wise engine, as the package has it and as chapters 01 and 02 built it:
+outputs, stop conditions, seeds and bad input."""
 
 import pytest
 import torch
+from conftest import chapter_class
 
 from rosellm_edu import LLM, SamplingParams
-from rosellm_edu.engine import CachedEngine, LLMEngine, NaiveEngine
+from rosellm_edu.engine.llm_engine import LLMEngine, as_dtype, bfloat16_is_faster_here
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+CHAPTER_01 = "02_kv_cache.ipynb"          # the package as chapter 01 left it: no KV cache
+CHAPTER_02 = "03_continuous_batching.ipynb"
 
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM()
+    return LLM(dtype="float32")
 
 
-def test_default_llm_runs_the_newest_engine(llm):
+def test_llm_runs_the_package_engine(llm):
     assert type(llm.llm_engine) is LLMEngine
+
+
+def test_auto_dtype_follows_the_device_and_the_measured_matmul():
+    assert as_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    expected = torch.bfloat16 if bfloat16_is_faster_here() else torch.float32
+    assert as_dtype("auto", torch.device("cpu")) == expected
+    assert as_dtype("float32", torch.device("cuda")) == torch.float32
 
 
 def test_outputs_come_back_in_prompt_order_with_vllm_fields(llm, tokenizer):
@@ -77,8 +88,8 @@ def test_seeded_sampling_is_reproducible_whatever_runs_beside_it(llm):
 
 def test_unseeded_runs_are_reproducible_from_the_engine_seed():
     params = SamplingParams(temperature=1.0, max_tokens=10)
-    a = LLM(seed=5).generate(["x", "y"], params, use_tqdm=False)
-    b = LLM(seed=5).generate(["x", "y"], params, use_tqdm=False)
+    a = LLM(seed=5, dtype="float32").generate(["x", "y"], params, use_tqdm=False)
+    b = LLM(seed=5, dtype="float32").generate(["x", "y"], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
 
 
@@ -101,9 +112,9 @@ def test_mismatched_params_list_is_an_error(llm):
         llm.generate(["a", "b"], [GREEDY], use_tqdm=False)
 
 
-@pytest.mark.parametrize("engine_cls", [NaiveEngine, CachedEngine])
-def test_engine_step_abort_and_duplicate_ids(engine_cls):
-    engine = engine_cls()
+@pytest.mark.parametrize("chapter", [CHAPTER_01, CHAPTER_02])
+def test_early_engines_step_abort_and_refuse_duplicate_ids(chapter):
+    engine = chapter_class(chapter, "engine.llm_engine", "LLMEngine")(dtype="float32")
     engine.add_request("a", "Hello", GREEDY)
     engine.add_request("b", "World", GREEDY)
     with pytest.raises(ValueError, match="already running"):
@@ -131,10 +142,10 @@ def test_bfloat16_engine_generates(tokenizer):
     assert out.outputs[0].text.strip().startswith("Paris")
 
 
-def test_cached_and_uncached_engines_give_identical_tokens():
+def test_chapter_01_and_02_engines_give_identical_tokens():
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
     params = [SamplingParams(temperature=0, max_tokens=20), SamplingParams(temperature=0.9, top_k=50, max_tokens=20, seed=1),
               SamplingParams(temperature=1.2, top_p=0.8, max_tokens=20)]
-    naive = LLM(engine_cls=NaiveEngine, seed=3).generate(prompts, params, use_tqdm=False)
-    cached = LLM(engine_cls=CachedEngine, seed=3).generate(prompts, params, use_tqdm=False)
+    naive = chapter_class(CHAPTER_01, "llm", "LLM")(seed=3, dtype="float32").generate(prompts, params, use_tqdm=False)
+    cached = chapter_class(CHAPTER_02, "llm", "LLM")(seed=3, dtype="float32").generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in naive] == [o.outputs[0].token_ids for o in cached]

@@ -1,5 +1,5 @@
-"""ModelRunner: its decode step equals the engine's eager forward, padding never touches a real slot, and on a GPU
-every bucket's CUDA graph replays the eager logits."""
+"""ModelRunner: its decode step equals its eager forward, padding never touches a real slot, and on a GPU every
+bucket's CUDA graph replays the eager logits."""
 
 import json
 
@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 from transformers import LlamaConfig
 
 from conftest import hf_greedy
-from rosellm_edu import LLM, LLMEngine, SamplingParams, bench_decode, model_loader
-from rosellm_edu.engine.kv_pool import KVPool
+from rosellm_edu import LLM, LLMEngine, SamplingParams, model_loader
+from rosellm_edu.benchmarks import decode as bench_decode
 from rosellm_edu.engine import model_runner
-from rosellm_edu.engine.model_runner import KVPoolWithScratch, ModelRunner, batch_size_buckets
-from rosellm_edu.engine.paged_attention import PagedAttention
-from rosellm_edu.engine.paged_engine import PagedEngine
+from rosellm_edu.engine.kv_cache import KVCache
+from rosellm_edu.engine.model_runner import ModelRunner, batch_size_buckets, check_triton_shapes
 from rosellm_edu.engine.scheduler import ScheduledSeq
+from rosellm_edu.layers.paged_attention import PagedAttention, gathered_decode_attention
 from rosellm_edu.models import model_class
 from rosellm_edu.sequence import Sequence
 
@@ -39,25 +39,26 @@ def test_bad_configurations_get_clear_errors():
     model = model_class(config)(config)
     with pytest.raises(ValueError, match="max_num_seqs must be a positive integer"):
         batch_size_buckets(0)
-    with pytest.raises(TypeError, match="KVPoolWithScratch"):
-        ModelRunner(model, KVPool(config, 8, 4), 4, 64)
-    runner = ModelRunner(model, KVPoolWithScratch(config, 8, 4), 4, 64)
+    runner = ModelRunner(model, KVCache(config, 8, 4), 4, 64)
     prefill = [ScheduledSeq(Sequence("a", None, [1, 2, 3], SamplingParams()), 0, 3)]
-    assert not runner.can_run(prefill)
-    with pytest.raises(ValueError, match="decode batches"):
-        runner.execute(prefill, {"a": [0]})
+    assert not runner.is_decode(prefill)
+    with pytest.raises(ValueError, match="power-of-two block_size, got 12"):
+        check_triton_shapes(12, 64)
+    with pytest.raises(ValueError, match="power-of-two head_dim, got 80"):
+        check_triton_shapes(16, 80)
+    check_triton_shapes(16, 64)
 
 
 def test_asking_for_cuda_without_it_is_a_clear_error():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     with pytest.raises(ValueError, match="no CUDA device"):
-        PagedEngine(device="cuda")
+        LLMEngine(device="cuda")
 
 
 @pytest.fixture(scope="module")
 def engine():
-    return LLMEngine(max_num_seqs=8, block_size=4, num_kv_blocks=256)  # decodes through its ModelRunner
+    return LLMEngine(dtype="float32", max_num_seqs=8, block_size=4, num_kv_blocks=256)
 
 
 def decode_batch(engine, n: int, seed: int):
@@ -72,13 +73,14 @@ def decode_batch(engine, n: int, seed: int):
 
 
 @pytest.mark.parametrize("n", [1, 3, 6, 8])
-def test_decode_logits_equal_the_engines_eager_forward(engine, n):
+def test_decode_logits_equal_the_eager_forward(engine, n):
     batch = decode_batch(engine, n, seed=n)
     try:
-        assert len(batch) == n and engine.runner.can_run(batch)
+        assert len(batch) == n and engine.runner.is_decode(batch)
+        tables = engine.scheduler.block_manager.block_tables
         with torch.no_grad():
-            eager = PagedEngine.forward(engine, batch)
-            ours = engine.runner.execute(batch, engine.scheduler.allocator.block_tables)
+            eager = engine.runner.run_eager(batch, [tables[s.seq.request_id] for s in batch])
+            ours = engine.runner.run(batch, tables)
         torch.testing.assert_close(ours, eager, atol=1e-4, rtol=1e-4)
     finally:
         for s in batch:
@@ -103,11 +105,11 @@ def random_decode_batch(n: int, num_blocks: int, block_size: int, vocab_size: in
 
 
 def eager_reference(model, pool, batch, tables):
-    """Chapter 04's eager path for a decode batch."""
+    """The eager path for a decode batch."""
     ctx = PagedAttention.build(pool.k, pool.v, pool.block_size, [tables[s.seq.request_id] for s in batch],
-                               [s.num_cached for s in batch], [1] * len(batch))
+                               [s.num_computed for s in batch], [1] * len(batch))
     ids = torch.tensor([s.seq.token_ids[-1] for s in batch], device=pool.k.device)
-    hidden = model(ids, torch.tensor([s.num_cached for s in batch], device=pool.k.device), ctx)
+    hidden = model(ids, torch.tensor([s.num_computed for s in batch], device=pool.k.device), ctx)
     return model.compute_logits(hidden)
 
 
@@ -115,22 +117,22 @@ def eager_reference(model, pool, batch, tables):
 @pytest.mark.parametrize("n, rows", [(1, 8), (3, 4), (5, 8), (7, 8)])
 def test_padded_rows_write_only_the_scratch_block(n, rows, attention, monkeypatch):
     if attention == "gather fallback":                   # as on a CPU where chapter 04's C++ kernel cannot build
-        monkeypatch.setattr(model_runner, "decode_kernel", lambda device: None)
+        monkeypatch.setattr(model_runner, "decode_kernel", lambda device: gathered_decode_attention)
     if attention == "triton kernel":                     # the GPU's kernel on these very buffers (interpreted here)
-        kernel = pytest.importorskip("rosellm_edu.engine.triton_paged_attention").paged_decode_attention
+        kernel = pytest.importorskip("rosellm_edu.kernels.triton_paged_attention").paged_decode_attention
         monkeypatch.setattr(model_runner, "decode_kernel", lambda device: kernel)
     torch.manual_seed(n)
     gen = torch.Generator().manual_seed(n)
     config = tiny_config()
     model = model_class(config)(config).eval()
-    pool = KVPoolWithScratch(config, 48, 4)
+    pool = KVCache(config, 48, 4)
     runner = ModelRunner(model, pool, 8, config.max_position_embeddings, enforce_eager=True)
     assert n < runner.padded_size(n) <= rows or n == 1
     batch, tables = random_decode_batch(n, pool.num_blocks, pool.block_size, config.vocab_size, gen)
     owned = torch.zeros(pool.k.shape[1], dtype=torch.bool)
     for s in batch:
         table = tables[s.seq.request_id]
-        owned[[table[p // 4] * 4 + p % 4 for p in range(s.num_cached)]] = True
+        owned[[table[p // 4] * 4 + p % 4 for p in range(s.num_computed)]] = True
     pool.k.normal_(), pool.v.normal_()
     pool.k[:, ~owned], pool.v[:, ~owned] = POISON, POISON          # nobody's K/V: must be neither read nor written
     with torch.no_grad():
@@ -142,7 +144,7 @@ def test_padded_rows_write_only_the_scratch_block(n, rows, attention, monkeypatc
     torch.testing.assert_close(logits[:n], expected, atol=1e-4, rtol=1e-4)
     assert torch.isfinite(logits).all()                                  # padded rows too
     written = ((pool.k != before_k) | (pool.v != before_v)).flatten(2).any(-1).any(0).nonzero().flatten().tolist()
-    new_slots = {tables[s.seq.request_id][s.num_cached // 4] * 4 + s.num_cached % 4 for s in batch}
+    new_slots = {tables[s.seq.request_id][s.num_computed // 4] * 4 + s.num_computed % 4 for s in batch}
     scratch = set(range(pool.scratch_block * 4, pool.scratch_block * 4 + 4))
     assert set(written) - scratch == new_slots
     assert set(written) & scratch                                        # the padded rows did write somewhere
@@ -152,7 +154,7 @@ def test_greedy_tokens_equal_transformers_through_the_runner(hf_model, tokenizer
     prompts = ["The capital of France is", "def quicksort(xs):", "A long prompt about the history of computing. " * 5,
                "Hi", "Name three prime numbers:"]
     lengths = [9, 4, 12, 7, 10]
-    llm = LLM(max_num_seqs=3, block_size=4, num_kv_blocks=128)
+    llm = LLM(dtype="float32", max_num_seqs=3, block_size=4, num_kv_blocks=128)
     outs = llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths],
                         use_tqdm=False)
     for out, n in zip(outs, lengths):
@@ -177,7 +179,7 @@ def test_graph_replay_equals_eager_decode_for_every_bucket(embedded_dir):
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     model = model_loader.load_model(embedded_dir, torch.float32, "cuda")
-    pool = KVPoolWithScratch(model.config, 512, 16, torch.float32, "cuda")
+    pool = KVCache(model.config, 512, 16, torch.float32, "cuda")
     pool.k.normal_(), pool.v.normal_()
     max_len = model.config.max_position_embeddings
     graphed = ModelRunner(model, pool, 16, max_len)
@@ -187,7 +189,7 @@ def test_graph_replay_equals_eager_decode_for_every_bucket(embedded_dir):
         batch, tables = random_decode_batch(n, pool.num_blocks, pool.block_size, model.config.vocab_size, gen)
         with torch.no_grad():
             reference = eager_reference(model, pool, batch, tables)
-            eager_logits = eager.execute(batch, tables)
-            graph_logits = graphed.execute(batch, tables)
+            eager_logits = eager.run(batch, tables)
+            graph_logits = graphed.run(batch, tables)
         torch.testing.assert_close(graph_logits, eager_logits, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(graph_logits, reference, atol=1e-3, rtol=1e-3)

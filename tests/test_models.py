@@ -4,9 +4,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from conftest import hf_greedy
+from conftest import chapter_class, hf_greedy
 from rosellm_edu import LLM, SamplingParams
-from rosellm_edu.engine import CachedEngine, NaiveEngine
 from rosellm_edu.model_loader import load_model
 from rosellm_edu.models.gpt2 import GPT2ForCausalLM
 from rosellm_edu.models.llama import LlamaForCausalLM as OurLlama
@@ -77,14 +76,17 @@ def test_load_weights_rejects_a_checkpoint_with_missing_tensors():
 
 @pytest.fixture(scope="module")
 def embedded_llms():
-    return {"naive": LLM(engine_cls=NaiveEngine), "cached": LLM(engine_cls=CachedEngine)}
+    """Chapter 01's engine (the whole sequence every step), chapter 02's (a KV cache) and the package's."""
+    return {"chapter 01": chapter_class("02_kv_cache.ipynb", "llm", "LLM")(dtype="float32"),
+            "chapter 02": chapter_class("03_continuous_batching.ipynb", "llm", "LLM")(dtype="float32"),
+            "package": LLM(dtype="float32")}
 
 
 PROMPTS = ["The capital of France is", "def quicksort(xs):", "Ingredients for pancakes:",
            "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"]
 
 
-@pytest.mark.parametrize("engine", ["naive", "cached"])
+@pytest.mark.parametrize("engine", ["chapter 01", "chapter 02", "package"])
 @pytest.mark.parametrize("n", [1, 7, 24])
 def test_greedy_generation_equals_transformers_generate(embedded_llms, hf_model, engine, n):
     llm = embedded_llms[engine]
@@ -100,7 +102,7 @@ def test_checkpoint_directory_loads_and_generates_like_transformers(tmp_path, to
     hf.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     assert_logits_match(load_model(tmp_path), hf, torch.randint(0, 120, (30,)))
-    llm = LLM(model=str(tmp_path))
+    llm = LLM(model=str(tmp_path), dtype="float32")
     prompt = [5, 17, 99, 3]
     out = llm.generate({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
                        use_tqdm=False)[0]

@@ -6,7 +6,7 @@ import importlib.util
 import pytest
 import torch
 
-from rosellm_edu.engine import cpu_paged_attention
+from rosellm_edu.kernels import cpu_paged_attention
 from rosellm_edu.layers.attention import grouped_attention
 
 BLOCK_SIZE, HEAD_DIM = 16, 64
@@ -40,7 +40,7 @@ def decode_kernel(name: str):
     if name == "triton":
         if importlib.util.find_spec("triton") is None:
             pytest.skip("triton is not installed")
-        from rosellm_edu.engine.triton_paged_attention import paged_decode_attention
+        from rosellm_edu.kernels.triton_paged_attention import paged_decode_attention
         return paged_decode_attention, "cuda" if torch.cuda.is_available() else "cpu"
     if cpu_paged_attention.extension() is None:
         pytest.skip("the C++ kernel could not be built here (no compiler?)")

@@ -4,7 +4,7 @@ import pytest
 
 from conftest import assert_attention_matches_causal, hf_greedy
 from rosellm_edu import LLM, LLMEngine, SamplingParams
-from rosellm_edu.engine.paged_attention import PagedAttention
+from rosellm_edu.layers.paged_attention import PagedAttention
 
 SYSTEM = "You are a helpful assistant who answers briefly and precisely. " * 3
 PROMPTS = [SYSTEM + "What is the capital of France?", "def quicksort(xs):", SYSTEM + "Name a prime number.",
@@ -33,7 +33,7 @@ def generate_and_check(hf_model, llm):
     dict(max_num_batched_tokens=16, block_size=8),
 ])
 def test_greedy_equals_transformers_one_at_a_time(hf_model, engine_kwargs):
-    stats = generate_and_check(hf_model, LLM(**engine_kwargs))
+    stats = generate_and_check(hf_model, LLM(dtype="float32", **engine_kwargs))
     if engine_kwargs.get("enable_prefix_caching") is False:
         assert stats["prefix_hit_rate"] == 0 and stats["cached_blocks"] == 0
     if engine_kwargs.get("max_num_seqs") == 2:              # later requests find the system prompt cached
@@ -41,13 +41,13 @@ def test_greedy_equals_transformers_one_at_a_time(hf_model, engine_kwargs):
 
 
 def test_preemption_under_a_tiny_kv_budget_loses_nothing(hf_model):
-    llm = LLM(num_kv_blocks=26, block_size=4)               # just room for the longest request alone
+    llm = LLM(dtype="float32", num_kv_blocks=26, block_size=4)               # just room for the longest request alone
     generate_and_check(hf_model, llm)
     assert llm.llm_engine.scheduler.num_preemptions > 0
 
 
 def test_prefix_cache_survives_the_request_and_is_reused(hf_model):
-    llm = LLM(block_size=4)
+    llm = LLM(dtype="float32", block_size=4)
     generate_and_check(hf_model, llm)
     first = llm.llm_engine.kv_cache_stats()
     assert first["cached_blocks"] > 0
@@ -56,7 +56,7 @@ def test_prefix_cache_survives_the_request_and_is_reused(hf_model):
 
 
 def test_requests_arriving_in_any_order(hf_model, tokenizer):
-    engine = LLMEngine(block_size=4, max_num_seqs=3)
+    engine = LLMEngine(dtype="float32", block_size=4, max_num_seqs=3)
     order = [3, 0, 5, 1, 4, 2]
     finished, added = {}, 0
     while added < len(order) or engine.has_unfinished_requests():
@@ -72,7 +72,7 @@ def test_requests_arriving_in_any_order(hf_model, tokenizer):
 
 
 def test_bad_requests_get_clear_errors_and_harm_no_other(hf_model, tokenizer):
-    engine = LLMEngine(num_kv_blocks=8, block_size=4)
+    engine = LLMEngine(dtype="float32", num_kv_blocks=8, block_size=4)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     engine.add_request("good", "The capital of France is", params)
     engine.step()

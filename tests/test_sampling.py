@@ -1,15 +1,23 @@
-"""SamplingParams validation and the reference sampler against transformers' logits warpers."""
+"""SamplingParams validation, chapter 01's filters and per-row sampler against transformers' logits warpers."""
 
 import pytest
 import torch
-from conftest import top_p_clear_of_rounding
+from conftest import chapter_class, top_p_clear_of_rounding
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from rosellm_edu.sampler import apply_top_k, apply_top_p, filtered_logits, sample, sample_token
+from rosellm_edu.layers.sampler import apply_top_k, apply_top_p, filtered_logits
 from rosellm_edu.sampling_params import SamplingParams
+
+chapter_01_sample = chapter_class("06_fast_sampling.ipynb", "layers.sampler", "sample")   # before the batched one
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator=None) -> torch.Tensor:
+    """Chapter 01's sampler on every row of logits with the same params."""
+    rows = len(logits)
+    return torch.tensor(chapter_01_sample(logits, [params] * rows, [None] * rows, generator).token_ids)
 
 
 def hf_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -91,6 +99,6 @@ def test_empirical_frequencies_match_transformers_distribution(params):
 def test_same_generator_seed_gives_the_same_samples():
     logits = torch.randn(500)
     params = SamplingParams(temperature=1.0, top_p=0.95)
-    a = [sample_token(logits, params, g) for g in [torch.Generator().manual_seed(7)] for _ in range(20)]
-    b = [sample_token(logits, params, g) for g in [torch.Generator().manual_seed(7)] for _ in range(20)]
+    a = sample(logits.expand(20, -1), params, torch.Generator().manual_seed(7)).tolist()
+    b = sample(logits.expand(20, -1), params, torch.Generator().manual_seed(7)).tolist()
     assert a == b

@@ -8,9 +8,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from rosellm_edu import LLM, SamplingParams
-from rosellm_edu import batch_sampler
-from rosellm_edu.batch_sampler import SAMPLING_MASK_CAP, sample
-from rosellm_edu.sampler import filtered_logits
+from rosellm_edu.layers import sampler
+from rosellm_edu.layers.sampler import SAMPLING_MASK_CAP, filtered_logits, sample
 
 
 def reference_mask(logits: torch.Tensor, params: SamplingParams) -> tuple[list[int], float]:
@@ -73,7 +72,7 @@ def test_the_top_p_fallback_gives_the_same_mask_as_a_whole_sort():
     logits = torch.randn(2, 400, generator=torch.Generator().manual_seed(2))
     params = [SamplingParams(top_p=0.9, return_sampling_mask=True)] * 2
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(batch_sampler, "TOP_P_CANDIDATES", 16)
+        mp.setattr(sampler, "TOP_P_CANDIDATES", 16)
         out = sample(logits, params, [None] * 2, None)
     for row, p, mask, logz in zip(logits, params, out.sampling_masks, out.sampling_logz):
         expected_mask, expected_logz = reference_mask(row, p)
@@ -96,7 +95,7 @@ def test_engine_masks_through_preemption_and_mixed_batches_match_transformers_lo
               SamplingParams(top_k=30, top_p=0.8, max_tokens=12, seed=2, return_sampling_mask=True, ignore_eos=True),
               SamplingParams(max_tokens=9, return_sampling_mask=True, ignore_eos=True),        # nothing truncated
               SamplingParams(top_k=5, max_tokens=7, ignore_eos=True)]                           # not asked
-    llm = LLM(num_kv_blocks=26, block_size=4)                 # room for the longest request alone: preemption
+    llm = LLM(dtype="float32", num_kv_blocks=26, block_size=4)                 # room for the longest request alone: preemption
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     assert llm.llm_engine.scheduler.num_preemptions > 0
     for out, p in zip(outs, params):
@@ -119,19 +118,8 @@ def test_engine_masks_through_preemption_and_mixed_batches_match_transformers_lo
             assert logz == pytest.approx(expected_logz, abs=1e-3)
 
     # the seeded requests draw the same tokens and masks when they run alone, in another order, without preemption
-    alone = LLM().generate([PROMPTS[2], PROMPTS[0]], [params[2], params[0]], use_tqdm=False)
+    alone = LLM(dtype="float32").generate([PROMPTS[2], PROMPTS[0]], [params[2], params[0]], use_tqdm=False)
     for solo, crowded in zip(alone, [outs[2], outs[0]]):
         assert solo.outputs[0].token_ids == crowded.outputs[0].token_ids
         assert solo.outputs[0].sampling_mask == crowded.outputs[0].sampling_mask
 
-
-def test_engines_without_masks_refuse_a_request_for_one_and_run_on():
-    from rosellm_edu.engine import PagedEngine
-
-    engine = PagedEngine(num_kv_blocks=16)
-    with pytest.raises(ValueError, match="does not compute sampling masks"):
-        engine.add_request("a", "Hello", SamplingParams(top_k=5, return_sampling_mask=True))
-    engine.add_request("b", "Hello", SamplingParams(temperature=0, max_tokens=2))
-    while engine.has_unfinished_requests():
-        engine.step()
-    assert engine.kv_cache_stats()["free_blocks"] == 16

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from rosellm_edu import LLM, SamplingParams
-from rosellm_edu.engine import LLMEngine
+from rosellm_edu.engine.llm_engine import LLMEngine
 from rosellm_edu.engine.async_llm_engine import AsyncLLMEngine
 from rosellm_edu.entrypoints.openai.api_server import ServerThread, build_app
 
@@ -268,7 +268,7 @@ def test_64_concurrent_streams_some_leaving_early_are_whole_and_free_every_block
 
 
 def test_bench_client_times_every_token_of_the_workload(server):
-    from rosellm_edu.bench_client import time_requests
+    from rosellm_edu.benchmarks.client import time_requests
 
     requests = [([100 + i, 200 + i, 300 + i], 2 + i) for i in range(4)]
     arrivals = [0.0, 0.0, 0.2, 0.4]
@@ -289,7 +289,7 @@ def test_cli_serves_the_embedded_model_on_loopback():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "rosellm_edu.cli", "serve", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "rosellm_edu.entrypoints.cli", "serve", "--port", str(port),
                              "--num-kv-blocks", "64"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
@@ -311,7 +311,7 @@ def test_cli_serves_the_embedded_model_on_loopback():
 
 
 def test_cli_without_a_command_prints_its_usage():
-    from rosellm_edu.cli import main
+    from rosellm_edu.entrypoints.cli import main
 
     with pytest.raises(SystemExit, match="rosellm-edu serve"):
         main([])
@@ -341,7 +341,7 @@ def test_a_failing_engine_step_fails_its_requests_not_the_server(server, client)
 
 
 def test_bench_command_drives_the_server_by_url_with_its_sampling_settings(server, tmp_path, monkeypatch):
-    from rosellm_edu.bench import main
+    from rosellm_edu.benchmarks.mixed import main
 
     url, engine = server
     received = []

@@ -7,9 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rosellm_edu import LLM, SamplingParams, bench
-from rosellm_edu.engine import LLMEngine
-from rosellm_edu.metrics import RequestTimes, summarize
+from rosellm_edu import LLM, SamplingParams
+from rosellm_edu.benchmarks import mixed as bench
+from rosellm_edu.engine.llm_engine import LLMEngine
+from rosellm_edu.benchmarks.metrics import RequestTimes, summarize
 from rosellm_edu.streaming import Request, stream
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three colours:"]
@@ -42,10 +43,10 @@ def test_summary_equals_a_plain_recomputation(requests, duration):
 def test_stream_deltas_add_up_to_the_offline_outputs():
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (10, 6, 14)]
     params[2] = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True, stop=[","])
-    offline = LLM().generate(PROMPTS, params, use_tqdm=False)
+    offline = LLM(dtype="float32").generate(PROMPTS, params, use_tqdm=False)
     requests = [Request(str(i), p, sp, arrival_time=0.05 * i) for i, (p, sp) in enumerate(zip(PROMPTS, params))]
     text, tokens, finished, first_time = {}, {}, {}, {}
-    for d in stream(LLMEngine(), requests):
+    for d in stream(LLMEngine(dtype="float32"), requests):
         text[d.request_id] = text.get(d.request_id, "") + d.text
         tokens[d.request_id] = tokens.get(d.request_id, []) + d.token_ids
         first_time.setdefault(d.request_id, d.time)
@@ -62,7 +63,7 @@ def test_stream_deltas_add_up_to_the_offline_outputs():
 def test_a_bad_request_in_a_stream_ends_with_an_error_and_the_others_finish():
     requests = [Request("good", "Hello", SamplingParams(temperature=0, max_tokens=4)),
                 Request("empty", "", SamplingParams(max_tokens=4))]
-    deltas = list(stream(LLMEngine(), requests))
+    deltas = list(stream(LLMEngine(dtype="float32"), requests))
     bad = [d for d in deltas if d.request_id == "empty"]
     assert len(bad) == 1 and bad[0].finish_reason == "error" and "prompt is empty" in bad[0].error
     assert [d for d in deltas if d.request_id == "good"][-1].finished

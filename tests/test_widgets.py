@@ -5,7 +5,7 @@ import html
 import pytest
 import torch
 
-from rosellm_edu.sampler import filtered_logits
+from rosellm_edu.layers.sampler import filtered_logits
 from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.widgets import NextTokenExplorer
 

@@ -23,7 +23,7 @@ import nbformat
 import pytest
 import torch
 
-from rosellm_edu.sampler import filtered_logits
+from rosellm_edu.layers.sampler import filtered_logits
 from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.widgets import kept_tokens_text
 

@@ -105,8 +105,21 @@ def publish_cell(source: str, namespace: dict) -> ModuleType | None:
     for node in ast.parse(source.partition("\n")[2]).body:
         for bound in bound_names(node):
             if bound in namespace:
+                rebind(getattr(module, bound, None), namespace[bound])
                 setattr(module, bound, namespace[bound])
     return module
+
+
+def rebind(old, new) -> None:
+    """Point every rosellm_edu module that imported `old` by name at `new`, so that a class a chapter redefines
+    (SamplingParams gaining a field, say) is the one the earlier chapters' code uses from then on."""
+    if old is None or old is new:
+        return
+    for name, module in list(sys.modules.items()):
+        if name.startswith(f"{PACKAGE}.") and not name.startswith(f"{BOOK}"):
+            for attr, value in list(vars(module).items()):
+                if value is old:
+                    setattr(module, attr, new)
 
 
 def imported_or_new(fullname: str) -> ModuleType:

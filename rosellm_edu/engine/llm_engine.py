@@ -115,10 +115,13 @@ class LLMEngine:
         if self.scheduler.find(request_id) is not None:
             raise ValueError(f"request {request_id!r} is already running")
         seq = self.make_sequence(request_id, prompt, params)
-        needed = self.scheduler.block_manager.blocks_needed(len(seq))
+        # A sequence that cannot fit alone in the whole cache would preempt itself forever.
+        longest = min(len(seq) + seq.params.max_tokens, self.max_model_len)
+        needed = self.scheduler.block_manager.blocks_needed(longest)
         if needed > self.kv_cache.num_blocks:
-            raise ValueError(f"request {request_id!r}: its prompt needs {needed} KV blocks but the engine has "
-                             f"{self.kv_cache.num_blocks}; shorten the prompt or give the KV cache more memory")
+            raise ValueError(f"request {request_id!r} needs {needed} KV blocks at its longest (prompt + max_tokens) "
+                             f"but the cache has {self.kv_cache.num_blocks}; lower max_tokens or give the cache "
+                             "more memory")
         self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> None:
