@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml
 # (about a minute, once), so that no notebook output and no test run shows either. No-ops when cached.
 model: $(STAMP)
 	$(PY) -c "from rosellm_edu import model_loader; model_loader.resolve_model()"
-	$(PY) -c "from rosellm_edu.engine import cpu_paged_attention; cpu_paged_attention.extension()"
+	$(PY) -c "from rosellm_edu.kernels import cpu_paged_attention; cpu_paged_attention.extension()"
 
 lab: setup
 	$(JUPYTER) lab notebooks/
