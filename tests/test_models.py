@@ -107,3 +107,20 @@ def test_checkpoint_directory_loads_and_generates_like_transformers(tmp_path, to
     out = llm.generate({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
                        use_tqdm=False)[0]
     assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 20)
+
+
+@pytest.mark.parametrize("rope_parameters", [
+    {"rope_type": "default", "rope_theta": 10000.0},
+    {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+    {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+    {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64},
+], ids=lambda p: p["rope_type"])
+def test_rotary_tables_are_built_on_the_device_the_model_is_built_on(rope_parameters):
+    from rosellm_edu.layers.rotary import RotaryEmbedding
+
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=256,
+                         rope_parameters=rope_parameters)
+    with torch.device("meta"):                  # as model_loader builds a model under torch.device("cuda")
+        rotary = RotaryEmbedding(config, 16)
+    assert rotary.cos.device.type == "meta" and rotary.sin.device.type == "meta"
