@@ -149,3 +149,11 @@ def test_chapter_01_and_02_engines_give_identical_tokens():
     naive = chapter_class(CHAPTER_01, "llm", "LLM")(seed=3, dtype="float32").generate(prompts, params, use_tqdm=False)
     cached = chapter_class(CHAPTER_02, "llm", "LLM")(seed=3, dtype="float32").generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in naive] == [o.outputs[0].token_ids for o in cached]
+
+
+def test_the_engine_makes_its_own_gpu_current_and_leaves_a_cpu_alone():
+    from types import SimpleNamespace
+
+    context = LLMEngine.device_context(SimpleNamespace(device=torch.device("cuda:1")))
+    assert isinstance(context, torch.cuda.device) and context.idx == 1
+    assert not isinstance(LLMEngine.device_context(SimpleNamespace(device=torch.device("cpu"))), torch.cuda.device)
