@@ -33,7 +33,7 @@ def test_batched_greedy_equals_transformers_one_at_a_time(hf_model, engine_kwarg
     if chapter == "package":
         llm = LLM(dtype="float32", **engine_kwargs)
     else:
-        llm = chapter_class(CHAPTER_03, "llm", "LLM")(dtype="float32", num_kv_blocks=512, **engine_kwargs)
+        llm = chapter_class(CHAPTER_03, "llm", "LLM")(dtype="float32", **{"num_kv_blocks": 512, **engine_kwargs})
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (12, 5, 20, 8, 15)]
     for out, p in zip(llm.generate(PROMPTS, params, use_tqdm=False), params):
         assert out.outputs[0].token_ids == hf_greedy(hf_model, out.prompt_token_ids, p.max_tokens)

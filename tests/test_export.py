@@ -126,7 +126,7 @@ def test_items_keep_the_book_order_across_chapters(tmp_path):
                                             "#| export toy\ntry:\n    import fancy\nexcept ImportError:\n"
                                             "    fancy = None"]})
     text = module_text(root)
-    assert top_level(text)[:4] == ["a", "b", "c", "d"]
+    assert top_level(text)[:4] == ["d", "a", "b", "c"]   # c.ipynb's new d goes before the a it redefines
     assert top_level(text)[4].startswith("try:")
     assert text.split("\n")[0] == (f"{GENERATED}a.ipynb, notebooks/b.ipynb, notebooks/c.ipynb by "
                                    "`python -m rosellm_edu.book.export`.")
@@ -135,7 +135,7 @@ def test_items_keep_the_book_order_across_chapters(tmp_path):
 
 def test_imports_are_hoisted_deduplicated_in_pep8_groups_without_the_book_tooling(tmp_path):
     root = make_book(tmp_path, {"a.ipynb": ["#| export toy\nimport rosellm_edu\nimport pytest\nimport os\n\n\n"
-                                            "def a():\n    return os.sep",
+                                            "def a():\n    return os.sep, pytest, rosellm_edu",
                                             "#| export toy\nfrom __future__ import annotations\nimport sys\n"
                                             "import os\nfrom rosellm_edu.book import add_to_class\n"
                                             "from rosellm_edu import book\nimport rosellm_edu.book.chapter\n\n\n"
@@ -146,6 +146,26 @@ def test_imports_are_hoisted_deduplicated_in_pep8_groups_without_the_book_toolin
     assert "annotations\n\nimport os\nimport sys\n\nimport pytest\n\nimport rosellm_edu\n" in text
     assert "rosellm_edu.book" not in text.split("\n", 1)[1] and "import book" not in text
     assert run(text)["b"]() == sys.platform
+
+
+def test_imports_the_folded_code_no_longer_uses_are_dropped_and_one_modules_names_merged(tmp_path):
+    root = make_book(tmp_path, {"a.ipynb": ["#| export toy\nfrom collections import deque\nimport json\n\n\n"
+                                            "def a():\n    return deque(), json"],
+                                "b.ipynb": ["#| export toy\nfrom collections import OrderedDict\n\n\n"
+                                            "def a():\n    return OrderedDict()"]})
+    text = module_text(root)
+    assert top_level(text) == ["from collections import OrderedDict", "a"]
+    assert run(text)["a"]() == {}
+    root = make_book(tmp_path / "merged", {"a.ipynb": ["#| export toy\nfrom os import sep\nfrom os import linesep"
+                                                       "\n\n\ndef a():\n    return sep + linesep"]})
+    assert top_level(module_text(root))[0] == "from os import sep, linesep"
+
+
+def test_new_markers_tell_the_reader_what_changed_and_stay_out_of_the_package(tmp_path):
+    root = make_book(tmp_path, {"a.ipynb": ["#| export toy\ndef a():\n    x = 1  # NEW: one\n    # NEW\n"
+                                            "    return x  # why, not new"]})
+    text = module_text(root)
+    assert "NEW" not in text and "    x = 1\n    return x  # why, not new" in text
 
 
 def test_a_method_added_to_a_class_no_earlier_cell_defines_is_an_error_naming_cell_and_class(tmp_path):

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import ModuleType
 
 from rosellm_edu.book.export import ROOT, cell_module, fold_chapters, load_book
-from rosellm_edu.book.fold import BOOK, PACKAGE, bound_names
+from rosellm_edu.book.fold import BOOK, PACKAGE, bound_names, target_names
 
 
 def module_sources(before: str | None, root: Path = ROOT) -> dict[str, str]:
@@ -103,7 +103,8 @@ def publish_cell(source: str, namespace: dict) -> ModuleType | None:
         return None
     module = imported_or_new(f"{PACKAGE}.{name}")
     for node in ast.parse(source.partition("\n")[2]).body:
-        for bound in bound_names(node):
+        extended = target_names(node.target) if isinstance(node, ast.AugAssign) else []   # SOURCE += "..."
+        for bound in bound_names(node) + extended:
             if bound in namespace:
                 rebind(getattr(module, bound, None), namespace[bound])
                 setattr(module, bound, namespace[bound])

@@ -60,6 +60,7 @@ class Module:
     imports: dict[str, tuple[int, str]] = field(default_factory=dict)  # ast.unparse(import) -> its group, text
     items: list[Item] = field(default_factory=list)
     named: dict[str, Item] = field(default_factory=dict)
+    fresh: dict[str, list[Item]] = field(default_factory=dict)  # notebook -> items it added after its last replace
 
 
 def fold(cells: list[Cell]) -> dict[str, str]:
@@ -69,8 +70,17 @@ def fold(cells: list[Cell]) -> dict[str, str]:
         module = modules.setdefault(cell.module, Module())
         if cell.notebook not in module.notebooks:
             module.notebooks.append(cell.notebook)
+        fresh = module.fresh.setdefault(cell.notebook, [])
         for node, text in statements(cell):
-            add(module, cell, node, text)
+            added, item = add(module, cell, node, text)
+            if added:
+                fresh.append(item)
+            elif item is not None and fresh:   # a chapter's new helpers go before what it redefines with them
+                for new in fresh:
+                    module.items.remove(new)
+                at = module.items.index(item)
+                module.items[at:at] = fresh
+                fresh.clear()
     return {name: render(name, module) for name, module in modules.items()}
 
 
@@ -94,23 +104,25 @@ def statements(cell: Cell) -> list[tuple[ast.stmt, str]]:
     return result
 
 
-def add(module: Module, cell: Cell, node: ast.stmt, text: str) -> None:
+def add(module: Module, cell: Cell, node: ast.stmt, text: str) -> tuple[bool, Item | None]:
+    """Fold one statement in. Returns (True, item) for a new top-level item, (False, item) for one it replaced."""
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         if not imports_book(node):
             module.imports.setdefault(ast.unparse(node), (import_group(node), text))
-        return
+        return False, None
     if (decorator := add_to_class_decorator(node)) is not None:
         add_method(module, cell, node, text, decorator)
-        return
+        return False, None
     names = bound_names(node)
     item = Item(cell.origin, text, isinstance(node, ast.ClassDef))
     if len(names) == 1 and names[0] in module.named:
         old = module.named[names[0]]
         old.origin, old.text, old.is_class = item.origin, item.text, item.is_class
-        return
+        return False, old
     module.items.append(item)
     if len(names) == 1:
         module.named[names[0]] = item
+    return True, item
 
 
 def imports_book(node: ast.Import | ast.ImportFrom) -> bool:
@@ -224,12 +236,64 @@ def render(name: str, module: Module) -> str:
     header = (f"# Generated from {notebooks} by `{COMMAND}`.\n"
               "# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell\n"
               "# (cells counted from 1 in their notebook, markdown cells included).\n")
-    groups = [[text for group, text in module.imports.values() if group == g] for g in range(4)]
-    imports = "\n\n".join("\n".join(group) for group in groups if group)
-    items = [f"# {item.origin}\n{item.text}" for item in module.items]
+    items = [f"# {item.origin}\n{without_new_markers(item.text)}" for item in module.items]
+    imports = import_block(module, used_names("\n".join(items)))
     text = header + "\n" + "\n\n\n".join(part for part in [imports, *items] if part) + "\n"
     try:
         compile(text, f"{PACKAGE}.{name}", "exec")
     except SyntaxError as error:
         raise ValueError(f"module {name}, as folded from {notebooks}, is not valid Python: {error}") from error
     return text
+
+
+def used_names(text: str) -> set[str]:
+    """Every name the code reads."""
+    return {node.id for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Name)}
+
+
+def import_block(module: Module, used: set[str]) -> str:
+    """The module's imports in PEP 8's groups, each module's names in one statement, and only the names the folded
+    code still uses: an import that a replaced definition needed goes with it."""
+    merged: dict[tuple, tuple[int, list[ast.alias]]] = {}
+    for group, text in module.imports.values():
+        node = ast.parse(text).body[0]
+        key = (node.module, node.level) if isinstance(node, ast.ImportFrom) else ("import", len(merged))
+        aliases = merged.setdefault(key, (group, []))[1]
+        for alias in node.names:
+            bound = alias.asname or alias.name.partition(".")[0]
+            if (bound in used or node_is_future(node)) and all(a.name != alias.name for a in aliases):
+                aliases.append(alias)
+    lines = {g: [] for g in range(4)}
+    for (name, level), (group, aliases) in merged.items():
+        if aliases:
+            statement = (ast.ImportFrom(name, aliases, level) if name != "import" else ast.Import(aliases))
+            lines[group].append(wrapped(ast.unparse(statement)))
+    return "\n\n".join("\n".join(group) for group in lines.values() if group)
+
+
+def node_is_future(node: ast.stmt) -> bool:
+    return isinstance(node, ast.ImportFrom) and node.module == "__future__"
+
+
+def wrapped(line: str, width: int = 120) -> str:
+    """A long `from x import a, b, ...` in parentheses, continued under the first name."""
+    if len(line) <= width or " import " not in line:
+        return line
+    head, names = line.split(" import ", 1)
+    lines, current = [], f"{head} import ("
+    for name in names.split(", "):
+        if len(current) + len(name) + 2 > width:
+            lines.append(current.rstrip())
+            current = " " * (len(head) + len(" import ("))
+        current += name + ", "
+    return "\n".join(lines + [current[:-2] + ")"])
+
+
+def without_new_markers(text: str) -> str:
+    """The text without the `# NEW` comments that tell a chapter's reader what changed: the package has no before."""
+    lines = text.split("\n")
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type == tokenize.COMMENT and re.match(r"# NEW\b", token.string):
+            row, col = token.start
+            lines[row - 1] = lines[row - 1][:col].rstrip()
+    return "\n".join(line for i, line in enumerate(lines) if line or not text.split("\n")[i].strip().startswith("#"))
