@@ -3,11 +3,12 @@
 The cells come in book order (chapters as book.toml lists them, cells in notebook order). Each top-level statement
 of a cell is one of:
 
-- an import: it joins the module's one import block at the top, deduplicated, in PEP 8's groups (``__future__``,
-  the standard library, third-party packages, rosellm_edu), first seen first within a group. Imports of
-  ``rosellm_edu.book``, the tooling, are dropped.
+- an import: it joins the module's one import block at the top, in PEP 8's groups (``__future__``, the standard
+  library, third-party packages, rosellm_edu), sorted by module, one statement per module, and only with the names
+  the folded code uses. Imports of ``rosellm_edu.book``, the tooling, are dropped.
 - a definition: a ``def``, ``async def``, ``class`` or an assignment to one name. A later definition of a name the
-  module already has replaces the earlier text where the earlier one stood.
+  module already has replaces the earlier text where the earlier one stood; the new definitions a chapter made
+  before it go there too, ahead of it.
 - a method: a function decorated ``@add_to_class(C)``. It is written into the body of class ``C`` without that
   decorator, in place of C's method of the same name if there is one, else at the end of the class. Redefining
   ``C`` as a whole drops the methods added to the earlier ``C``.
@@ -268,7 +269,8 @@ def import_block(module: Module, used: set[str]) -> str:
         if aliases:
             statement = (ast.ImportFrom(name, aliases, level) if name != "import" else ast.Import(aliases))
             lines[group].append(wrapped(ast.unparse(statement)))
-    return "\n\n".join("\n".join(group) for group in lines.values() if group)
+    by_module = lambda line: (line.startswith("from "), line.split()[1])  # noqa: E731  isort's order
+    return "\n\n".join("\n".join(sorted(group, key=by_module)) for group in lines.values() if group)
 
 
 def node_is_future(node: ast.stmt) -> bool:
