@@ -119,6 +119,15 @@ def test_a_folded_method_keeps_its_multiline_strings_as_written(tmp_path):
     assert run(module_text(root))["Toy"]().doc() == "first\nsecond\n    third\n1\n"
 
 
+def test_a_folded_methods_docstring_is_indented_with_its_code(tmp_path):
+    method = ('#| export toy\n' + ADD + '@add_to_class(Toy)\ndef doc(self):\n'
+              '    """First line,\n    second line."""\n    return 1')
+    root = make_book(tmp_path, {"a.ipynb": [TOY_CLASS, method]})
+    text = module_text(root)
+    assert '        """First line,\n        second line."""' in text
+    assert run(text)["Toy"].doc.__doc__ == "First line,\n        second line."
+
+
 def test_items_keep_the_book_order_across_chapters(tmp_path):
     root = make_book(tmp_path, {"a.ipynb": ["#| export toy\ndef a():\n    pass", "#| export other\nx = 1"],
                                 "b.ipynb": ["#| export toy\ndef b():\n    pass\n\n\ndef c():\n    pass"],

@@ -211,10 +211,14 @@ def indented(text: str, indent: str) -> list[str]:
 
 
 def lines_inside_strings(text: str) -> set[int]:
-    """The (1-based) lines that begin inside a multi-line string: indenting them would change the string."""
-    inside, fstrings = set(), []
+    """The (1-based) lines that begin inside a multi-line string: indenting them would change the string. A
+    docstring's lines are indented with the code: its text is read through inspect.cleandoc."""
+    inside, fstrings, previous = set(), [], tokenize.NEWLINE
     for token in tokenize.generate_tokens(io.StringIO(text).readline):
-        if token.type == tokenize.STRING:
+        statement = previous in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)   # a docstring: indent it
+        if token.type not in (tokenize.NL, tokenize.COMMENT):
+            previous = token.type
+        if token.type == tokenize.STRING and not statement:
             inside.update(range(token.start[0] + 1, token.end[0] + 1))
         elif token.type == FSTRING_START:
             fstrings.append(token.start[0])
