@@ -1,3 +1,7 @@
+# Generated from notebooks/01_token_generation.ipynb by `python -m rosellm_edu.book.export`.
+# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
+# (cells counted from 1 in their notebook, markdown cells included).
+
 from itertools import count
 
 from tqdm.auto import tqdm
@@ -7,6 +11,7 @@ from rosellm_edu.outputs import RequestOutput
 from rosellm_edu.sampling_params import SamplingParams
 
 
+# notebooks/01_token_generation.ipynb, cell 38
 class LLM:
     def __init__(self, model: str | None = None, **engine_kwargs):
         self.llm_engine = LLMEngine(model, **engine_kwargs)
@@ -32,6 +37,7 @@ class LLM:
                         bar.update()
         return [finished[r] for r in request_ids]
 
+    # notebooks/01_token_generation.ipynb, cell 40
     def _add_all(self, request_ids, prompts, params) -> None:
         """Add every request, or none: a bad prompt aborts the ones already added."""
         for i, (request_id, prompt, p) in enumerate(zip(request_ids, prompts, params)):

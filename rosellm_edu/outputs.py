@@ -1,6 +1,11 @@
+# Generated from notebooks/01_token_generation.ipynb, notebooks/06_fast_sampling.ipynb by `python -m rosellm_edu.book.export`.
+# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
+# (cells counted from 1 in their notebook, markdown cells included).
+
 from dataclasses import dataclass
 
 
+# notebooks/06_fast_sampling.ipynb, cell 38
 @dataclass
 class CompletionOutput:
     index: int
@@ -8,10 +13,11 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None     # "stop", "length", or None while running
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
-    sampling_mask: list[list[int]] | None = None  # chapter 06: per token, the sorted ids it was drawn from
-    sampling_logz: list[float] | None = None      # chapter 06: per token, log of the softmax mass kept
+    sampling_mask: list[list[int]] | None = None  # per token, the sorted ids it was drawn from
+    sampling_logz: list[float] | None = None      # per token, log of the softmax mass kept
 
 
+# notebooks/01_token_generation.ipynb, cell 21
 @dataclass
 class RequestOutput:
     request_id: str

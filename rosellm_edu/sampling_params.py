@@ -1,7 +1,12 @@
+# Generated from notebooks/01_token_generation.ipynb, notebooks/06_fast_sampling.ipynb by `python -m rosellm_edu.book.export`.
+# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
+# (cells counted from 1 in their notebook, markdown cells included).
+
 import math
 from dataclasses import dataclass, field
 
 
+# notebooks/06_fast_sampling.ipynb, cell 34
 @dataclass
 class SamplingParams:
     temperature: float = 1.0
@@ -12,7 +17,7 @@ class SamplingParams:
     stop: str | list[str] | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
-    return_sampling_mask: bool = False   # chapter 06: each token's kept vocabulary ids and logZ
+    return_sampling_mask: bool = False   # each token's kept vocabulary ids and logZ
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -21,6 +26,11 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         self._validate()
 
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    # notebooks/06_fast_sampling.ipynb, cell 36
     def _validate(self):
         def fail(name, why):
             raise ValueError(f"SamplingParams.{name} {why}, got {getattr(self, name)!r}")
@@ -42,14 +52,12 @@ class SamplingParams:
         if not isinstance(self.return_sampling_mask, bool):
             fail("return_sampling_mask", "must be True or False")
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
 
-
+# notebooks/01_token_generation.ipynb, cell 8
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+# notebooks/01_token_generation.ipynb, cell 8
 def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)

@@ -1,3 +1,7 @@
+# Generated from notebooks/03_continuous_batching.ipynb by `python -m rosellm_edu.book.export`.
+# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
+# (cells counted from 1 in their notebook, markdown cells included).
+
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -7,6 +11,7 @@ from rosellm_edu.outputs import RequestOutput
 from rosellm_edu.sampling_params import SamplingParams
 
 
+# notebooks/03_continuous_batching.ipynb, cell 35
 @dataclass
 class Request:
     request_id: str
@@ -15,6 +20,7 @@ class Request:
     arrival_time: float = 0.0     # seconds after the stream starts
 
 
+# notebooks/03_continuous_batching.ipynb, cell 35
 @dataclass
 class Delta:
     request_id: str
@@ -26,6 +32,7 @@ class Delta:
     error: str | None = None
 
 
+# notebooks/03_continuous_batching.ipynb, cell 36
 class DeltaTracker:
     """What each request has been sent so far, so that its next output becomes a delta of only the new part."""
 
@@ -51,6 +58,7 @@ class DeltaTracker:
         return text[sent:end], new_tokens
 
 
+# notebooks/03_continuous_batching.ipynb, cell 37
 def stream(engine, requests: list[Request], clock=time.perf_counter) -> Iterator[Delta]:
     pending = deque(sorted(requests, key=lambda r: r.arrival_time))
     tracker = DeltaTracker()

@@ -172,9 +172,9 @@ def test_imports_the_folded_code_no_longer_uses_are_dropped_and_one_modules_name
 
 def test_new_markers_tell_the_reader_what_changed_and_stay_out_of_the_package(tmp_path):
     root = make_book(tmp_path, {"a.ipynb": ["#| export toy\ndef a():\n    x = 1  # NEW: one\n    # NEW\n"
-                                            "    return x  # why, not new"]})
+                                            "    y = 2  # NEW\n    return x + y  # why, not new"]})
     text = module_text(root)
-    assert "NEW" not in text and "    x = 1\n    return x  # why, not new" in text
+    assert "NEW" not in text and "    x = 1  # one\n    y = 2\n    return x + y  # why, not new" in text
 
 
 def test_a_method_added_to_a_class_no_earlier_cell_defines_is_an_error_naming_cell_and_class(tmp_path):

@@ -299,7 +299,8 @@ def without_new_markers(text: str) -> str:
     """The text without the `# NEW` comments that tell a chapter's reader what changed: the package has no before."""
     lines = text.split("\n")
     for token in tokenize.generate_tokens(io.StringIO(text).readline):
-        if token.type == tokenize.COMMENT and re.match(r"# NEW\b", token.string):
+        if token.type == tokenize.COMMENT and (new := re.match(r"# NEW\b:?\s*", token.string)):
             row, col = token.start
-            lines[row - 1] = lines[row - 1][:col].rstrip()
+            why = token.string[new.end():]                     # "# NEW: why" keeps the why
+            lines[row - 1] = (lines[row - 1][:col] + (f"# {why}" if why else "")).rstrip()
     return "\n".join(line for i, line in enumerate(lines) if line or not text.split("\n")[i].strip().startswith("#"))

@@ -1,3 +1,7 @@
+# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb by `python -m rosellm_edu.book.export`.
+# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
+# (cells counted from 1 in their notebook, markdown cells included).
+
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -7,6 +11,7 @@ import numpy as np
 from rosellm_edu.sequence import Sequence
 
 
+# notebooks/04_paged_attention.ipynb, cell 10
 @dataclass
 class Block:
     block_id: int
@@ -15,6 +20,7 @@ class Block:
     token_ids: tuple[int, ...] = ()    # what the hash stands for, checked on a hit
 
 
+# notebooks/04_paged_attention.ipynb, cell 10
 def chain_hash(prev_hash: bytes | None, token_ids: tuple[int, ...]) -> bytes:
     """A block's key: its tokens and, through prev_hash, every token before them. SHA-256, so that no request can
     craft a prompt whose key collides with another's and be handed that request's K/V."""
@@ -22,6 +28,7 @@ def chain_hash(prev_hash: bytes | None, token_ids: tuple[int, ...]) -> bytes:
     return hashlib.sha256(data).digest()
 
 
+# notebooks/04_paged_attention.ipynb, cell 11
 class BlockManager:
     """Fixed-size KV blocks handed out on demand, shared through reference counts, cached by prefix."""
 
@@ -51,6 +58,7 @@ class BlockManager:
                 hits.append(block_id)
         return hits
 
+    # notebooks/04_paged_attention.ipynb, cell 13
     def allocate(self, seq: Sequence) -> int | None:
         """Give seq blocks for all its tokens; returns how many are cached already, or None if out of blocks."""
         hits = self.prefix_hits(seq)
@@ -65,6 +73,7 @@ class BlockManager:
         self.hit_tokens += len(hits) * self.block_size
         return len(hits) * self.block_size
 
+    # notebooks/04_paged_attention.ipynb, cell 13
     def ensure(self, seq: Sequence, num_tokens: int) -> bool:
         """Grow seq's block table to hold num_tokens; False (nothing taken) if the blocks are not there."""
         table = self.block_tables[seq.request_id]
@@ -74,6 +83,7 @@ class BlockManager:
         table += [self._take_free() for _ in range(more)]
         return True
 
+    # notebooks/04_paged_attention.ipynb, cell 15
     def commit(self, seq: Sequence, num_computed: int) -> None:
         """Hash the blocks that num_computed positions have filled, so later requests can share them."""
         if not self.enable_prefix_caching:
@@ -88,6 +98,7 @@ class BlockManager:
             self.cached.setdefault(prev, block.block_id)
         self.num_hashed[seq.request_id] = max(done, num_computed // self.block_size)
 
+    # notebooks/04_paged_attention.ipynb, cell 15
     def free(self, request_id: str) -> None:
         """Drop a sequence's references. Unused blocks become free; those holding a prefix stay reusable."""
         self.num_hashed.pop(request_id, None)
@@ -99,11 +110,13 @@ class BlockManager:
                 if self.cached.get(block.hash) != b:
                     self.free_blocks.move_to_end(b, last=False)           # worthless: reuse it first
 
+    # notebooks/04_paged_attention.ipynb, cell 16
     def _ref(self, block_id: int) -> None:
         if self.blocks[block_id].ref_count == 0:
             del self.free_blocks[block_id]
         self.blocks[block_id].ref_count += 1
 
+    # notebooks/04_paged_attention.ipynb, cell 16
     def _take_free(self) -> int:
         block_id, _ = self.free_blocks.popitem(last=False)                     # least recently used
         block = self.blocks[block_id]
@@ -112,6 +125,7 @@ class BlockManager:
         block.hash, block.token_ids, block.ref_count = None, (), 1
         return block_id
 
+    # notebooks/04_paged_attention.ipynb, cell 16
     def stats(self) -> dict:
         return {"total_blocks": len(self.blocks), "free_blocks": len(self.free_blocks),
                 "cached_blocks": sum(self.cached.get(self.blocks[b].hash) == b for b in self.free_blocks),

@@ -1,6 +1,11 @@
+# Generated from notebooks/02_kv_cache.ipynb, notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/05_cuda_graphs.ipynb by `python -m rosellm_edu.book.export`.
+# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
+# (cells counted from 1 in their notebook, markdown cells included).
+
 import torch
 
 
+# notebooks/02_kv_cache.ipynb, cell 4
 def kv_cache_shape(config) -> tuple[int, int, int]:
     """(layers, kv_heads, head_dim) for a Llama-family or GPT-2 config."""
     if config.model_type == "gpt2":
@@ -9,25 +14,28 @@ def kv_cache_shape(config) -> tuple[int, int, int]:
     return config.num_hidden_layers, config.num_key_value_heads, head_dim
 
 
+# notebooks/03_continuous_batching.ipynb, cell 8
 class KVCache:
     """The engine's KV storage: one (layers, slots, kv_heads, head_dim) tensor for K and one for V, cut into
-    num_blocks blocks of block_size slots, plus one scratch block that the block manager never hands out:
-    the padded rows of a CUDA graph write their K/V there."""
+    num_blocks blocks of block_size slots that the block manager hands out to sequences."""
 
+    # notebooks/05_cuda_graphs.ipynb, cell 11
     def __init__(self, config, num_blocks: int, block_size: int, dtype=torch.float32, device="cpu"):
         layers, kv_heads, head_dim = kv_cache_shape(config)
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.scratch_block = num_blocks
+        self.scratch_block = num_blocks         # the block after the last one the block manager hands out
         self.k = torch.zeros(layers, (num_blocks + 1) * block_size, kv_heads, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
 
 
+# notebooks/04_paged_attention.ipynb, cell 51
 def block_bytes(config, block_size: int, dtype: torch.dtype) -> int:
     """Bytes of K and V that one block holds across all layers."""
     layers, kv_heads, head_dim = kv_cache_shape(config)
     return 2 * layers * block_size * kv_heads * head_dim * dtype.itemsize
 
 
+# notebooks/04_paged_attention.ipynb, cell 51
 def blocks_in_budget(config, block_size: int, dtype: torch.dtype, device: torch.device,
                      kv_cache_memory_bytes: int | None, gpu_memory_utilization: float) -> int:
     """How many KV blocks fit: on a GPU, in gpu_memory_utilization of its memory minus what is in use (the
@@ -45,4 +53,5 @@ def blocks_in_budget(config, block_size: int, dtype: torch.dtype, device: torch.
     return blocks
 
 
+# notebooks/04_paged_attention.ipynb, cell 51
 CPU_KV_CACHE_BYTES = 1 << 30   # 1 GiB: 22,000 tokens of SmolLM2-135M in float32

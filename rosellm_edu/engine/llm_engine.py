@@ -1,3 +1,7 @@
+# Generated from notebooks/01_token_generation.ipynb, notebooks/02_kv_cache.ipynb, notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/05_cuda_graphs.ipynb, notebooks/06_fast_sampling.ipynb by `python -m rosellm_edu.book.export`.
+# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
+# (cells counted from 1 in their notebook, markdown cells included).
+
 import contextlib
 import functools
 import time
@@ -14,9 +18,12 @@ from rosellm_edu.outputs import RequestOutput
 from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.sequence import Sequence
 
-Prompt = str | dict
+
+# notebooks/01_token_generation.ipynb, cell 29
+Prompt = str | dict   # a string, or {"prompt_token_ids": [...]} for callers that tokenize themselves
 
 
+# notebooks/02_kv_cache.ipynb, cell 21
 @functools.cache
 def bfloat16_is_faster_here() -> bool:
     """Time one decoder-sized matmul in both dtypes on this CPU: whether bfloat16 pays depends on the CPU
@@ -32,6 +39,7 @@ def bfloat16_is_faster_here() -> bool:
     return best(torch.bfloat16) < best(torch.float32)
 
 
+# notebooks/02_kv_cache.ipynb, cell 21
 def as_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     """"auto": bfloat16 on a GPU, and on a CPU where its bfloat16 matmul beats float32; float32 otherwise."""
     if isinstance(dtype, torch.dtype):
@@ -44,10 +52,12 @@ def as_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
+# notebooks/01_token_generation.ipynb, cell 30
 class LLMEngine:
-    """Requests in, outputs out, one step at a time: the scheduler picks a batch, the model runner computes its
-    logits, the sampler picks the tokens, and the sequences that finished leave."""
+    """Requests in, outputs out, one step at a time: add_request(), then step() until
+    has_unfinished_requests() is False."""
 
+    # notebooks/06_fast_sampling.ipynb, cell 52
     def __init__(self, model: str | None = None, *, dtype: str | torch.dtype = "auto", seed: int = 0,
                  device: str | torch.device | None = None, block_size: int = 16, num_kv_blocks: int | None = None,
                  kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
@@ -68,7 +78,7 @@ class LLMEngine:
             self.runner = ModelRunner(self.model, self.kv_cache, max_num_seqs, self.max_model_len,
                                       enforce_eager=enforce_eager)
         # the sampler draws its noise where the logits are, so the generators live there too
-        self.generator = torch.Generator(self.device).manual_seed(seed)
+        self.generator = torch.Generator(self.device).manual_seed(seed)   # on the engine's device
 
     def load(self, model: str | None, dtype: str | torch.dtype, device: str | torch.device | None) -> None:
         """The model and tokenizer, and what the engine needs to know of them."""
@@ -86,10 +96,7 @@ class LLMEngine:
         self.eos_token_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         self.eos_token_ids.discard(None)
 
-    def device_context(self):
-        """Make the engine's GPU the current one (graph capture and Triton launch on the current device)."""
-        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
-
+    # notebooks/01_token_generation.ipynb, cell 32
     def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             return prompt, self.tokenizer(prompt).input_ids
@@ -97,6 +104,7 @@ class LLMEngine:
             return prompt.get("prompt"), list(prompt["prompt_token_ids"])
         raise ValueError(f"a prompt is a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
 
+    # notebooks/06_fast_sampling.ipynb, cell 53
     def make_sequence(self, request_id: str, prompt: Prompt, params: SamplingParams | None) -> Sequence:
         """Tokenize and check a request; a bad one raises ValueError naming what is wrong."""
         text, ids = self.tokenize(prompt)
@@ -111,6 +119,7 @@ class LLMEngine:
         seeded = None if params.seed is None else torch.Generator(self.device).manual_seed(params.seed)
         return Sequence(request_id, text, ids, params, generator=seeded)
 
+    # notebooks/04_paged_attention.ipynb, cell 56
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
         if self.scheduler.find(request_id) is not None:
             raise ValueError(f"request {request_id!r} is already running")
@@ -124,15 +133,18 @@ class LLMEngine:
                              "more memory")
         self.scheduler.add(seq)
 
+    # notebooks/03_continuous_batching.ipynb, cell 27
     def abort_request(self, request_id: str) -> None:
         seq = self.scheduler.find(request_id)
         if seq is None:
             raise KeyError(f"no unfinished request {request_id!r}")
         self.scheduler.remove(seq)
 
+    # notebooks/03_continuous_batching.ipynb, cell 27
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    # notebooks/03_continuous_batching.ipynb, cell 29
     @torch.no_grad()
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
@@ -149,11 +161,13 @@ class LLMEngine:
             outputs.append(seq.output())
         return outputs
 
+    # notebooks/05_cuda_graphs.ipynb, cell 31
     def forward(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """Logits (sampling rows, vocab) of one step."""
         with self.device_context():
             return self.runner.run(batch, self.scheduler.block_manager.block_tables)
 
+    # notebooks/06_fast_sampling.ipynb, cell 53
     def pick_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """Every sampling row at once, one device->host transfer; records masks for the requests that ask."""
         out = sample(logits, [seq.params for seq in seqs], [seq.generator for seq in seqs], self.generator)
@@ -162,6 +176,12 @@ class LLMEngine:
                 seq.record_sampling_mask(mask, logz)
         return out.token_ids
 
+    # notebooks/04_paged_attention.ipynb, cell 56
     def kv_cache_stats(self) -> dict:
         """total_blocks, free_blocks, cached_blocks (free but holding a reusable prefix), prefix_hit_rate."""
         return self.scheduler.block_manager.stats()
+
+    # notebooks/05_cuda_graphs.ipynb, cell 31
+    def device_context(self):
+        """Make the engine's GPU the current one (graph capture and Triton launch on the current device)."""
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()

@@ -1,3 +1,7 @@
+# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb by `python -m rosellm_edu.book.export`.
+# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
+# (cells counted from 1 in their notebook, markdown cells included).
+
 from collections import deque
 from dataclasses import dataclass
 
@@ -5,6 +9,7 @@ from rosellm_edu.engine.block_manager import BlockManager
 from rosellm_edu.sequence import Sequence, SequenceStatus
 
 
+# notebooks/03_continuous_batching.ipynb, cell 18
 @dataclass
 class ScheduledSeq:
     seq: Sequence
@@ -17,10 +22,12 @@ class ScheduledSeq:
         return self.num_computed + self.num_new == len(self.seq)
 
 
+# notebooks/03_continuous_batching.ipynb, cell 18
 class Scheduler:
     """Picks each step's batch under a token budget: running sequences first (decodes and prefill chunks), then
-    waiting ones while blocks and seats remain; preempts the newest when the blocks run out."""
+    waiting ones while blocks and seats remain."""
 
+    # notebooks/04_paged_attention.ipynb, cell 21
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
         self.block_manager = block_manager
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
@@ -40,8 +47,9 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    # notebooks/04_paged_attention.ipynb, cell 23
     def schedule(self) -> list[ScheduledSeq]:
-        budget, batch, preemptions = self.max_num_batched_tokens, [], self.num_preemptions
+        budget, batch, preemptions = self.max_num_batched_tokens, [], self.num_preemptions   # preemptions
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -52,7 +60,7 @@ class Scheduler:
                 budget -= n
                 i += 1
         while self.num_preemptions == preemptions and self.waiting and budget > 0 \
-                and len(self.running) < self.max_num_seqs:
+                and len(self.running) < self.max_num_seqs:                                   # preemptions
             seq = self.waiting[0]
             computed = self.block_manager.allocate(seq)
             if computed is None:
@@ -66,29 +74,13 @@ class Scheduler:
             budget -= n
         return batch
 
-    def make_room(self, seq: Sequence, num_tokens: int) -> bool:
-        """Preempt the newest running sequences until seq has blocks for num_tokens; False if seq itself went."""
-        while not self.block_manager.ensure(seq, num_tokens):
-            victim = self.running[-1]
-            self.preempt(victim)
-            if victim is seq:
-                return False
-        return True
-
-    def preempt(self, seq: Sequence) -> None:
-        """Free seq's blocks and send it back to the front of the queue; its prefill re-runs later."""
-        self.running.remove(seq)
-        self.num_computed.pop(seq.request_id)
-        self.block_manager.free(seq.request_id)
-        seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
-        self.num_preemptions += 1
-
+    # notebooks/04_paged_attention.ipynb, cell 26
     def computed(self, batch: list[ScheduledSeq]) -> None:
         for s in batch:
             self.num_computed[s.seq.request_id] = s.num_computed + s.num_new
             self.block_manager.commit(s.seq, s.num_computed + s.num_new)
 
+    # notebooks/03_continuous_batching.ipynb, cell 21
     def remove(self, seq: Sequence) -> None:
         """Take a finished or aborted sequence out and free its KV blocks."""
         if seq.status == SequenceStatus.WAITING:
@@ -98,3 +90,23 @@ class Scheduler:
         del self.requests[seq.request_id]
         self.num_computed.pop(seq.request_id, None)
         self.block_manager.free(seq.request_id)
+
+    # notebooks/04_paged_attention.ipynb, cell 24
+    def make_room(self, seq: Sequence, num_tokens: int) -> bool:
+        """Preempt the newest running sequences until seq has blocks for num_tokens; False if seq itself went."""
+        while not self.block_manager.ensure(seq, num_tokens):
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    # notebooks/04_paged_attention.ipynb, cell 24
+    def preempt(self, seq: Sequence) -> None:
+        """Free seq's blocks and send it back to the front of the queue; its prefill re-runs later."""
+        self.running.remove(seq)
+        self.num_computed.pop(seq.request_id)
+        self.block_manager.free(seq.request_id)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1

@@ -1,8 +1,14 @@
+# Generated from notebooks/04_paged_attention.ipynb by `python -m rosellm_edu.book.export`.
+# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
+# (cells counted from 1 in their notebook, markdown cells included).
+
 import functools
 import warnings
 
 import torch
 
+
+# notebooks/04_paged_attention.ipynb, cell 35
 SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -61,7 +67,11 @@ void decode(const T* q, const T* k, const T* v, const int32_t* tables, const int
     }
   });
 }
+"""
 
+
+# notebooks/04_paged_attention.ipynb, cell 37
+SOURCE += r"""
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous tensors expected");
@@ -79,6 +89,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
 """
 
 
+# notebooks/04_paged_attention.ipynb, cell 39
 @functools.cache
 def extension():
     """The compiled kernel, built once per machine (torch caches it under ~/.cache/torch_extensions);
@@ -94,6 +105,7 @@ def extension():
         return None
 
 
+# notebooks/04_paged_attention.ipynb, cell 39
 def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """The same contract as the Triton kernel: q (seqs, heads, d); k_cache, v_cache (blocks, block_size, kv_heads, d);

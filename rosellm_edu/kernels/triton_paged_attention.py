@@ -1,8 +1,13 @@
+# Generated from notebooks/04_paged_attention.ipynb by `python -m rosellm_edu.book.export`.
+# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
+# (cells counted from 1 in their notebook, markdown cells included).
+
 import torch
 import triton
 import triton.language as tl
 
 
+# notebooks/04_paged_attention.ipynb, cell 32
 @triton.jit
 def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, out_ptr, scale,
                          table_stride, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
@@ -44,6 +49,7 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr
     tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
 
 
+# notebooks/04_paged_attention.ipynb, cell 33
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                            context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """q: (seqs, heads, d); k_cache, v_cache: (blocks, block_size, kv_heads, d); block_tables: (seqs, max_blocks)

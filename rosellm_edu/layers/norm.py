@@ -1,10 +1,12 @@
-# Generated from notebooks/00_the_model.ipynb by `python -m rosellm_edu.export`.
-# Edit the notebook, not this file.
+# Generated from notebooks/00_the_model.ipynb by `python -m rosellm_edu.book.export`.
+# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
+# (cells counted from 1 in their notebook, markdown cells included).
 
 import torch
 from torch import nn
 
 
+# notebooks/00_the_model.ipynb, cell 6
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()

@@ -1,4 +1,7 @@
-# Generated from notebooks
+# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb by `python -m rosellm_edu.book.export`.
+# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
+# (cells counted from 1 in their notebook, markdown cells included).
+
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Callable
@@ -9,12 +12,14 @@ from rosellm_edu.kernels import cpu_paged_attention
 from rosellm_edu.layers.attention import grouped_attention
 
 
+# notebooks/03_continuous_batching.ipynb, cell 12
 def slot_mapping(block_tables: list[list[int]], starts: list[int], ends: list[int], block_size: int) -> list[int]:
     """The pool slots of positions starts[i] .. ends[i] - 1 of every sequence i, one sequence after another."""
     return [table[p // block_size] * block_size + p % block_size
             for table, start, end in zip(block_tables, starts, ends) for p in range(start, end)]
 
 
+# notebooks/03_continuous_batching.ipynb, cell 12
 def gathered_attention(q, k_cache, v_cache, block_tables, context_lens, query_lens) -> torch.Tensor:
     """Paged attention by gathering each sequence's blocks: the reference every kernel is checked against.
     q (seqs, max_new, heads, d): each sequence's last query_lens[i] positions, padded; k_cache, v_cache
@@ -31,23 +36,7 @@ def gathered_attention(q, k_cache, v_cache, block_tables, context_lens, query_le
     return grouped_attention(q, keys, values, visible)
 
 
-def gathered_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
-    """The decode kernels' contract, q (seqs, heads, d) one query each, computed by the gathered reference."""
-    assert scale == q.shape[-1] ** -0.5, "the reference uses attention's default scale"
-    return gathered_attention(q[:, None], k_cache, v_cache, block_tables, context_lens,
-                              torch.ones_like(context_lens))[:, 0]
-
-
-def decode_kernel(device: torch.device) -> Callable:
-    """The kernel that reads K/V blocks in place on this device; the gathered reference where none can be built."""
-    if device.type == "cuda":
-        from rosellm_edu.kernels.triton_paged_attention import paged_decode_attention
-        return paged_decode_attention
-    if device.type == "cpu" and cpu_paged_attention.extension() is not None:
-        return cpu_paged_attention.paged_decode_attention_cpu
-    return gathered_decode_attention
-
-
+# notebooks/03_continuous_batching.ipynb, cell 14
 @dataclass
 class SeqGroup:
     """Sequences attended together: where their new tokens sit in the batch's token stream, and their blocks."""
@@ -58,6 +47,7 @@ class SeqGroup:
     query_lens: torch.Tensor | None    # (seqs,) int32: new positions; None for decode
 
 
+# notebooks/03_continuous_batching.ipynb, cell 14
 def seq_group(block_tables: list[list[int]], num_computed: list[int], num_new: list[int], starts: list[int],
               device) -> SeqGroup:
     as_int = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
@@ -70,6 +60,26 @@ def seq_group(block_tables: list[list[int]], num_computed: list[int], num_new: l
     return SeqGroup(query_index, valid, tables, as_int([c + n for c, n in zip(num_computed, num_new)]), as_int(num_new))
 
 
+# notebooks/04_paged_attention.ipynb, cell 42
+def gathered_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
+    """The decode kernels' contract, q (seqs, heads, d) one query each, computed by the gathered reference."""
+    assert scale == q.shape[-1] ** -0.5, "the reference uses attention's default scale"
+    return gathered_attention(q[:, None], k_cache, v_cache, block_tables, context_lens,
+                              torch.ones_like(context_lens))[:, 0]
+
+
+# notebooks/04_paged_attention.ipynb, cell 42
+def decode_kernel(device: torch.device) -> Callable:
+    """The kernel that reads K/V blocks in place on this device; the gathered reference where none can be built."""
+    if device.type == "cuda":
+        from rosellm_edu.kernels.triton_paged_attention import paged_decode_attention
+        return paged_decode_attention
+    if device.type == "cpu" and cpu_paged_attention.extension() is not None:
+        return cpu_paged_attention.paged_decode_attention_cpu
+    return gathered_decode_attention
+
+
+# notebooks/04_paged_attention.ipynb, cell 43
 @dataclass
 class PagedAttention:
     """The attention context of one forward pass over a batch: each layer writes its new K/V into their slots,
@@ -98,6 +108,7 @@ class PagedAttention:
         prefilling = [i for i, n in enumerate(num_new) if n > 1]
         return cls(k_pool, v_pool, block_size, slots, group(decoding), group(prefilling), decode_kernel(device))
 
+    # notebooks/04_paged_attention.ipynb, cell 44
     def attend(self, layer_idx: int, q, k, v):
         k_pool, v_pool = self.k_pool[layer_idx], self.v_pool[layer_idx]
         k_pool.index_copy_(0, self.slot_mapping, k)

@@ -1,3 +1,7 @@
+# Generated from notebooks/01_token_generation.ipynb, notebooks/06_fast_sampling.ipynb by `python -m rosellm_edu.book.export`.
+# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
+# (cells counted from 1 in their notebook, markdown cells included).
+
 from dataclasses import dataclass
 
 import torch
@@ -5,10 +9,12 @@ import torch
 from rosellm_edu.sampling_params import SamplingParams
 
 
+# notebooks/01_token_generation.ipynb, cell 4
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits / temperature
 
 
+# notebooks/01_token_generation.ipynb, cell 4
 def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     """Keep the top_k largest logits of the last dimension; top_k <= 0 or >= vocab keeps everything."""
     if top_k <= 0 or top_k >= logits.shape[-1]:
@@ -17,6 +23,7 @@ def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth_largest, float("-inf"))
 
 
+# notebooks/01_token_generation.ipynb, cell 4
 def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the most likely tokens until their mass reaches top_p, including the token that crosses it."""
     if top_p >= 1.0:
@@ -29,6 +36,7 @@ def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(remove, float("-inf"))
 
 
+# notebooks/01_token_generation.ipynb, cell 10
 def filtered_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature, then top-k, then top-p (on the renormalised top-k distribution). Greedy keeps the argmax."""
     if params.greedy:
@@ -37,10 +45,11 @@ def filtered_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return apply_top_p(apply_top_k(logits, params.top_k), params.top_p)
 
 
+# notebooks/06_fast_sampling.ipynb, cell 43
 SAMPLING_MASK_CAP = 2048   # the most vocabulary ids one sampling mask lists
-TOP_P_CANDIDATES = 1024    # top-p without top-k first looks at this many tokens, then falls back to a full sort
 
 
+# notebooks/06_fast_sampling.ipynb, cell 43
 @dataclass
 class SamplerOutput:
     token_ids: list[int]
@@ -48,11 +57,17 @@ class SamplerOutput:
     sampling_logz: list[float | None]       # log of the kept softmax mass per row; None where not asked
 
 
+# notebooks/06_fast_sampling.ipynb, cell 13
+TOP_P_CANDIDATES = 1024    # top-p without top-k first looks at this many tokens, then falls back to a full sort
+
+
+# notebooks/06_fast_sampling.ipynb, cell 13
 def effective_top_k(params: SamplingParams, vocab_size: int) -> int:
     """top_k clamped to the vocabulary: off (<= 0) or too large means all `vocab_size` tokens."""
     return params.top_k if 0 < params.top_k < vocab_size else vocab_size
 
 
+# notebooks/06_fast_sampling.ipynb, cell 13
 def candidate_width(params: SamplingParams, vocab_size: int, whole: bool = False) -> int:
     """How many of its most likely tokens a row looks at: its top k; for top-p alone TOP_P_CANDIDATES, or the
     whole vocabulary when those fell short."""
@@ -60,16 +75,19 @@ def candidate_width(params: SamplingParams, vocab_size: int, whole: bool = False
     return top_k if top_k < vocab_size or whole else min(vocab_size, TOP_P_CANDIDATES)
 
 
+# notebooks/06_fast_sampling.ipynb, cell 13
 def truncates(params: SamplingParams, vocab_size: int) -> bool:
     """Does a request draw from less than the whole vocabulary?"""
     return params.greedy or effective_top_k(params, vocab_size) < vocab_size or params.top_p < 1
 
 
+# notebooks/06_fast_sampling.ipynb, cell 15
 def rows(logits: torch.Tensor, indices: list[int]) -> torch.Tensor:
     """logits[indices], without a copy when that is every row."""
     return logits if len(indices) == logits.shape[0] else logits[indices]
 
 
+# notebooks/06_fast_sampling.ipynb, cell 15
 @dataclass
 class Candidates:
     """Each row's most likely tokens, sorted, and the distribution that survives top-k then top-p on them."""
@@ -80,6 +98,7 @@ class Candidates:
     complete: torch.Tensor  # (n,) bool: top-p was decided within the K candidates (always, when top-k is on)
 
 
+# notebooks/06_fast_sampling.ipynb, cell 16
 def top_k_top_p_candidates(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
                            widths: list[int]) -> Candidates:
     """Chapter 01's filter (temperature, top-k, renormalise, top-p keeping the token that crosses p) computed on
@@ -107,6 +126,7 @@ def top_k_top_p_candidates(logits: torch.Tensor, temperature: list[float], top_k
     return Candidates(ids, scaled, kept, probs / probs.sum(dim=-1, keepdim=True), complete)
 
 
+# notebooks/06_fast_sampling.ipynb, cell 22
 def random_sample(probs: torch.Tensor, widths: list[int], generators: list[torch.Generator | None],
                   generator: torch.Generator | None) -> torch.Tensor:
     """Exponential race: argmax(probs / Exp(1)) is index i with probability probs[i] / sum(probs), without
@@ -126,12 +146,14 @@ def random_sample(probs: torch.Tensor, widths: list[int], generators: list[torch
     return (probs / noise).argmax(dim=-1)
 
 
+# notebooks/06_fast_sampling.ipynb, cell 22
 def exponential(shape, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
     """Exp(1) numbers from `generator`, drawn where it lives (a CPU generator: then copied to device)."""
     where = generator.device if generator is not None else device
     return torch.empty(shape, device=where).exponential_(generator=generator).to(device)
 
 
+# notebooks/06_fast_sampling.ipynb, cell 26
 def draw_truncated(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
                    generator: torch.Generator | None, whole: bool = False) -> tuple[torch.Tensor, Candidates]:
     """Draw one token per row of logits (n, V) from its top-k/top-p candidates; -1 where top-p alone needs
@@ -145,47 +167,12 @@ def draw_truncated(logits: torch.Tensor, params: list[SamplingParams], generator
     return torch.where(cand.complete, tokens, -1), cand
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
-           generator: torch.Generator | None = None) -> SamplerOutput:
-    """One token per row of logits (B, V), each row with its own parameters, in one device->host transfer
-    (more only for rows that ask for a sampling mask, or when top-p alone needs a full sort).
-    generators[row]: the request's own generator when it has a seed, else None (it then uses `generator`)."""
-    vocab_size = logits.shape[1]
-    tokens = torch.empty(len(params), dtype=torch.long, device=logits.device)
-    greedy = [i for i, p in enumerate(params) if p.greedy]
-    full = [i for i, p in enumerate(params) if not truncates(p, vocab_size)]
-    cut = [i for i, p in enumerate(params) if truncates(p, vocab_size) and not p.greedy]
-    if greedy:
-        tokens[greedy] = rows(logits, greedy).argmax(dim=-1)
-    if full:
-        temperature = torch.tensor([params[i].temperature for i in full], device=logits.device)[:, None]
-        probs = (rows(logits, full).float() / temperature).softmax(dim=-1)              # (n, V)
-        tokens[full] = random_sample(probs, [vocab_size] * len(full), [generators[i] for i in full], generator)
-    candidates = {}
-    if cut:
-        tokens[cut], cand = draw_truncated(rows(logits, cut), [params[i] for i in cut],
-                                           [generators[i] for i in cut], generator)
-        candidates.update({row: (cand, j) for j, row in enumerate(cut)})
-    token_ids = tokens.tolist()                                                         # the one transfer
-    redo = [i for i in cut if token_ids[i] < 0]
-    if redo:  # exact fallback: these rows' top-p set is larger than TOP_P_CANDIDATES, so sort them whole
-        again, cand = draw_truncated(logits[redo], [params[i] for i in redo], [generators[i] for i in redo],
-                                     generator, whole=True)
-        for j, (row, token) in enumerate(zip(redo, again.tolist())):
-            token_ids[row], candidates[row] = token, (cand, j)
-    return SamplerOutput(token_ids, *sampling_masks(logits, params, token_ids, candidates))
-
-
+# notebooks/06_fast_sampling.ipynb, cell 45
 def sampling_masks(logits: torch.Tensor, params: list[SamplingParams], token_ids: list[int],
                    candidates: dict[int, tuple[Candidates, int]]) -> tuple[list, list]:
-    """For each row of logits (B, V) that asks: the support its token was drawn from (sorted vocabulary ids) and
-    logZ, the log of the softmax mass (after temperature) it keeps, so that log pi_mask = log pi_full - logZ on it.
-    candidates[row] = (the Candidates it was drawn from, its row there). Rows that do not ask get None, None.
-    - nothing truncated (top-k off, top-p 1): None and 0.0, rather than the whole vocabulary;
-    - greedy: [token] and the log of its probability under the softmax of the raw logits (log pi_mask = 0);
-    - more than SAMPLING_MASK_CAP ids kept: the SAMPLING_MASK_CAP most likely ones, with the sampled token
-      always among them; logZ still covers the whole kept set, so log pi_mask stays exact for every listed id.
-    All asking rows together: one pass over V, and one transfer per candidate set plus one for logZ."""
+    """For each row of logits (B, V) that asks: the sorted ids its token was drawn from, and logZ, the log of the
+    softmax mass (after temperature) they keep: log pi_mask = log pi_full - logZ. candidates[row] = (its
+    Candidates, its row there). Nothing truncated: None, 0.0; greedy: [token]; capped at SAMPLING_MASK_CAP ids."""
     masks, logz, asking = [None] * len(params), [None] * len(params), []
     for i, p in enumerate(params):
         if p.return_sampling_mask and (p.greedy or i in candidates):
@@ -220,3 +207,35 @@ def sampling_masks(logits: torch.Tensor, params: list[SamplingParams], token_ids
     for n, value in enumerate((kept_mass - full_mass).tolist()):
         logz[asking[n]] = value
     return masks, logz
+
+
+# notebooks/06_fast_sampling.ipynb, cell 47
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+           generator: torch.Generator | None = None) -> SamplerOutput:
+    """One token per row of logits (B, V), each row with its own parameters, in one device->host transfer
+    (more only for rows that ask for a sampling mask, or when top-p alone needs a full sort).
+    generators[row]: the request's own generator when it has a seed, else None (it then uses `generator`)."""
+    vocab_size = logits.shape[1]
+    tokens = torch.empty(len(params), dtype=torch.long, device=logits.device)
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    full = [i for i, p in enumerate(params) if not truncates(p, vocab_size)]
+    cut = [i for i, p in enumerate(params) if truncates(p, vocab_size) and not p.greedy]
+    if greedy:
+        tokens[greedy] = rows(logits, greedy).argmax(dim=-1)
+    if full:
+        temperature = torch.tensor([params[i].temperature for i in full], device=logits.device)[:, None]
+        probs = (rows(logits, full).float() / temperature).softmax(dim=-1)              # (n, V)
+        tokens[full] = random_sample(probs, [vocab_size] * len(full), [generators[i] for i in full], generator)
+    candidates = {}
+    if cut:
+        tokens[cut], cand = draw_truncated(rows(logits, cut), [params[i] for i in cut],
+                                           [generators[i] for i in cut], generator)
+        candidates.update({row: (cand, j) for j, row in enumerate(cut)})
+    token_ids = tokens.tolist()                                                         # the one transfer
+    redo = [i for i in cut if token_ids[i] < 0]
+    if redo:  # exact fallback: these rows' top-p set is larger than TOP_P_CANDIDATES, so sort them whole
+        again, cand = draw_truncated(logits[redo], [params[i] for i in redo], [generators[i] for i in redo],
+                                     generator, whole=True)
+        for j, (row, token) in enumerate(zip(redo, again.tolist())):
+            token_ids[row], candidates[row] = token, (cand, j)
+    return SamplerOutput(token_ids, *sampling_masks(logits, params, token_ids, candidates))

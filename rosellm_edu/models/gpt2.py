@@ -1,5 +1,6 @@
-# Generated from notebooks/00_the_model.ipynb by `python -m rosellm_edu.export`.
-# Edit the notebook, not this file.
+# Generated from notebooks/00_the_model.ipynb by `python -m rosellm_edu.book.export`.
+# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
+# (cells counted from 1 in their notebook, markdown cells included).
 
 from collections.abc import Iterable
 
@@ -10,9 +11,12 @@ from transformers import PretrainedConfig
 
 from rosellm_edu.layers.attention import Attention, AttentionContext
 
+
+# notebooks/00_the_model.ipynb, cell 14
 TRANSPOSED = ("c_attn.weight", "c_proj.weight", "c_fc.weight")  # stored as Conv1D (in, out)
 
 
+# notebooks/00_the_model.ipynb, cell 14
 class GPT2Attention(nn.Module):
     def __init__(self, config: PretrainedConfig, layer_idx: int):
         super().__init__()
@@ -28,6 +32,7 @@ class GPT2Attention(nn.Module):
         return self.c_proj(self.attn(q, k, v, ctx).reshape(n, -1))
 
 
+# notebooks/00_the_model.ipynb, cell 14
 class GPT2MLP(nn.Module):
     def __init__(self, config: PretrainedConfig):
         super().__init__()
@@ -40,6 +45,7 @@ class GPT2MLP(nn.Module):
         return self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate))
 
 
+# notebooks/00_the_model.ipynb, cell 14
 class GPT2Block(nn.Module):
     def __init__(self, config: PretrainedConfig, layer_idx: int):
         super().__init__()
@@ -53,6 +59,7 @@ class GPT2Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+# notebooks/00_the_model.ipynb, cell 14
 class GPT2ForCausalLM(nn.Module):
     def __init__(self, config: PretrainedConfig):
         super().__init__()

@@ -1,5 +1,6 @@
-# Generated from notebooks/00_the_model.ipynb by `python -m rosellm_edu.export`.
-# Edit the notebook, not this file.
+# Generated from notebooks/00_the_model.ipynb by `python -m rosellm_edu.book.export`.
+# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
+# (cells counted from 1 in their notebook, markdown cells included).
 
 from collections.abc import Iterable
 
@@ -13,6 +14,7 @@ from rosellm_edu.layers.norm import RMSNorm
 from rosellm_edu.layers.rotary import RotaryEmbedding
 
 
+# notebooks/00_the_model.ipynb, cell 12
 class LlamaAttention(nn.Module):
     def __init__(self, config: PretrainedConfig, layer_idx: int):
         super().__init__()
@@ -36,6 +38,7 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out.reshape(n, self.q_size))
 
 
+# notebooks/00_the_model.ipynb, cell 12
 class LlamaMLP(nn.Module):
     def __init__(self, config: PretrainedConfig):
         super().__init__()
@@ -47,6 +50,7 @@ class LlamaMLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
+# notebooks/00_the_model.ipynb, cell 12
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: PretrainedConfig, layer_idx: int):
         super().__init__()
@@ -60,6 +64,7 @@ class LlamaDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+# notebooks/00_the_model.ipynb, cell 12
 class LlamaModel(nn.Module):
     def __init__(self, config: PretrainedConfig):
         super().__init__()
@@ -75,11 +80,13 @@ class LlamaModel(nn.Module):
         return self.norm(x)
 
 
+# notebooks/00_the_model.ipynb, cell 12
 # checkpoint name -> (our packed parameter, which shard of it)
 PACKED_SHARDS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
                  "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
 
+# notebooks/00_the_model.ipynb, cell 12
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config: PretrainedConfig):
         super().__init__()
