@@ -2,7 +2,7 @@
 
 import importlib
 
-# Imported on first use, so `python -m rosellm_edu.export` runs even before the generated modules exist.
+# Imported on first use, so `python -m rosellm_edu.book.export` runs even before the generated modules exist.
 _EXPORTS = {
     "LLM": "rosellm_edu.llm",
     "LLMEngine": "rosellm_edu.engine.llm_engine",
