@@ -41,7 +41,7 @@ class AttentionContext(Protocol):
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
 
 
-# notebooks/00_the_model.ipynb, cell 10
+# notebooks/00_the_model.ipynb, cell 11
 class Attention(nn.Module):
     def __init__(self, layer_idx: int):
         super().__init__()
