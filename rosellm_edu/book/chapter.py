@@ -116,11 +116,11 @@ def rebind(old, new) -> None:
     (SamplingParams gaining a field, say) is the one the earlier chapters' code uses from then on."""
     if old is None or old is new:
         return
-    for name, module in list(sys.modules.items()):
-        if name.startswith(f"{PACKAGE}.") and not name.startswith(f"{BOOK}"):
-            for attr, value in list(vars(module).items()):
-                if value is old:
-                    setattr(module, attr, new)
+    for name in package_modules():
+        module = sys.modules[name]
+        for attr, value in list(vars(module).items()):
+            if value is old:
+                setattr(module, attr, new)
 
 
 def imported_or_new(fullname: str) -> ModuleType:

@@ -97,9 +97,8 @@ def generated_on_disk(root: Path = ROOT) -> list[Path]:
     return sorted(p for p in (root / PACKAGE).rglob("*.py") if first_line(p).startswith(GENERATED))
 
 
-def differences(root: Path = ROOT) -> dict[Path, str]:
-    """Each file that the export would change -> how it differs."""
-    files = generate(root)
+def differences(files: dict[Path, str], root: Path = ROOT) -> dict[Path, str]:
+    """Each file on disk that differs from the generated `files` -> how it differs."""
     found = {path: "missing" if not path.exists() else "out of date"
              for path, text in files.items() if not path.exists() or path.read_text(encoding="utf-8") != text}
     found |= {path: "no longer exported" for path in generated_on_disk(root) if path not in files}
@@ -109,15 +108,14 @@ def differences(root: Path = ROOT) -> dict[Path, str]:
 def export(root: Path = ROOT) -> list[str]:
     """Write the changed modules and delete the ones no notebook exports any more; say what was done."""
     files, done = generate(root), []
-    for path, text in files.items():
-        if not path.exists() or path.read_text(encoding="utf-8") != text:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-            done.append(f"wrote {path.relative_to(root)}")
-    for path in generated_on_disk(root):
-        if path not in files:
+    for path, how in differences(files, root).items():
+        if how == "no longer exported":
             path.unlink()
             done.append(f"deleted {path.relative_to(root)}: no notebook exports it any more")
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(files[path], encoding="utf-8")
+            done.append(f"wrote {path.relative_to(root)}")
     return done
 
 
@@ -129,7 +127,7 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
         for line in export(root):
             print(line)
         return 0
-    found = differences(root)
+    found = differences(generate(root), root)
     for path, how in found.items():
         print(f"{how}: {path.relative_to(root)} (run `{COMMAND}`)")
     return 1 if found else 0

@@ -259,26 +259,22 @@ def used_names(text: str) -> set[str]:
 def import_block(module: Module, used: set[str]) -> str:
     """The module's imports in PEP 8's groups, each module's names in one statement, and only the names the folded
     code still uses: an import that a replaced definition needed goes with it."""
-    merged: dict[tuple, tuple[int, list[ast.alias]]] = {}
+    kept: dict[tuple[int, str, int | None], list[ast.alias]] = {}   # (group, module, level; None: `import`)
     for group, text in module.imports.values():
         node = ast.parse(text).body[0]
-        key = (node.module, node.level) if isinstance(node, ast.ImportFrom) else ("import", len(merged))
-        aliases = merged.setdefault(key, (group, []))[1]
+        future = isinstance(node, ast.ImportFrom) and node.module == "__future__"
         for alias in node.names:
-            bound = alias.asname or alias.name.partition(".")[0]
-            if (bound in used or node_is_future(node)) and all(a.name != alias.name for a in aliases):
-                aliases.append(alias)
+            if future or (alias.asname or alias.name.partition(".")[0]) in used:
+                plain = isinstance(node, ast.Import)
+                key = (group, alias.name, None) if plain else (group, node.module, node.level)
+                if alias.name not in [a.name for a in kept.setdefault(key, [])]:
+                    kept[key].append(alias)
     lines = {g: [] for g in range(4)}
-    for (name, level), (group, aliases) in merged.items():
-        if aliases:
-            statement = (ast.ImportFrom(name, aliases, level) if name != "import" else ast.Import(aliases))
-            lines[group].append(wrapped(ast.unparse(statement)))
+    for (group, name, level), aliases in kept.items():
+        statement = ast.Import(aliases) if level is None else ast.ImportFrom(name, aliases, level)
+        lines[group].append(wrapped(ast.unparse(statement)))
     by_module = lambda line: (line.startswith("from "), line.split()[1])  # noqa: E731  isort's order
     return "\n\n".join("\n".join(sorted(group, key=by_module)) for group in lines.values() if group)
-
-
-def node_is_future(node: ast.stmt) -> bool:
-    return isinstance(node, ast.ImportFrom) and node.module == "__future__"
 
 
 def wrapped(line: str, width: int = 120) -> str:
@@ -296,11 +292,13 @@ def wrapped(line: str, width: int = 120) -> str:
 
 
 def without_new_markers(text: str) -> str:
-    """The text without the `# NEW` comments that tell a chapter's reader what changed: the package has no before."""
-    lines = text.split("\n")
+    """The text without the `# NEW` comments that tell a chapter's reader what changed: the package has no before.
+    `# NEW: why` keeps its why; a line that was only the marker goes."""
+    original = text.split("\n")
+    lines = list(original)
     for token in tokenize.generate_tokens(io.StringIO(text).readline):
         if token.type == tokenize.COMMENT and (new := re.match(r"# NEW\b:?\s*", token.string)):
             row, col = token.start
-            why = token.string[new.end():]                     # "# NEW: why" keeps the why
+            why = token.string[new.end():]
             lines[row - 1] = (lines[row - 1][:col] + (f"# {why}" if why else "")).rstrip()
-    return "\n".join(line for i, line in enumerate(lines) if line or not text.split("\n")[i].strip().startswith("#"))
+    return "\n".join(line for line, was in zip(lines, original) if line or not was.lstrip().startswith("#"))
