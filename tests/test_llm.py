@@ -157,3 +157,10 @@ def test_the_engine_makes_its_own_gpu_current_and_leaves_a_cpu_alone():
     context = LLMEngine.device_context(SimpleNamespace(device=torch.device("cuda:1")))
     assert isinstance(context, torch.cuda.device) and context.idx == 1
     assert not isinstance(LLMEngine.device_context(SimpleNamespace(device=torch.device("cpu"))), torch.cuda.device)
+
+
+@pytest.mark.parametrize("sizes", [dict(num_kv_blocks=0), dict(block_size=-4), dict(max_num_seqs=2.0)])
+def test_engine_sizes_must_be_positive_integers(sizes):
+    name = next(iter(sizes))
+    with pytest.raises(ValueError, match=f"LLMEngine {name} must be a positive integer"):
+        LLMEngine(dtype="float32", **sizes)

@@ -63,10 +63,8 @@ class LLMEngine:
                  kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
                  enforce_eager: bool = False):
-        for name, value in [("block_size", block_size), ("max_num_seqs", max_num_seqs),
-                            ("max_num_batched_tokens", max_num_batched_tokens), ("num_kv_blocks", num_kv_blocks or 1)]:
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"LLMEngine {name} must be a positive integer, got {value!r}")
+        check_sizes(block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                    num_kv_blocks=num_kv_blocks)
         self.load(model, dtype, device)
         config = self.model.config
         num_blocks = num_kv_blocks or blocks_in_budget(config, block_size, self.dtype, self.device,
@@ -74,9 +72,8 @@ class LLMEngine:
         self.kv_cache = KVCache(config, num_blocks, block_size, self.dtype, self.device)
         self.scheduler = Scheduler(BlockManager(num_blocks, block_size, enable_prefix_caching), max_num_seqs,
                                    max_num_batched_tokens)
-        with self.device_context():
-            self.runner = ModelRunner(self.model, self.kv_cache, max_num_seqs, self.max_model_len,
-                                      enforce_eager=enforce_eager)
+        self.runner = ModelRunner(self.model, self.kv_cache, max_num_seqs, self.max_model_len,
+                                  enforce_eager=enforce_eager)
         # the sampler draws its noise where the logits are, so the generators live there too
         self.generator = torch.Generator(self.device).manual_seed(seed)   # on the engine's device
 
@@ -185,3 +182,11 @@ class LLMEngine:
     def device_context(self):
         """Make the engine's GPU the current one (graph capture and Triton launch on the current device)."""
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+
+
+# notebooks/03_continuous_batching.ipynb, cell 25
+def check_sizes(**sizes: int | None) -> None:
+    """The engine's sizes are positive integers; None leaves one for the engine to derive."""
+    for name, value in sizes.items():
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"LLMEngine {name} must be a positive integer, got {value!r}")

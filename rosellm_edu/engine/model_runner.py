@@ -133,9 +133,9 @@ class ModelRunner:
     def capture(self) -> None:
         """One CUDA graph per bucket, largest first, all allocating from one memory pool: the graphs never run
         at once, so they can share it, and the smaller ones fit in what the largest left behind."""
-        self.graph_pool = torch.cuda.graph_pool_handle()
         width = self.block_tables.shape[1]
-        with torch.cuda.device(self.kv_cache.k.device):
+        with torch.cuda.device(self.kv_cache.k.device):     # the cache's GPU, which need not be the current one
+            self.graph_pool = torch.cuda.graph_pool_handle()
             for rows in reversed(self.buckets):
                 self.prepare_decode([], [], rows)                      # every row a padded row
                 self.logits[:rows] = self.run_decode(rows, width)    # warm-up: Triton compiles, cuBLAS plans

@@ -115,6 +115,9 @@ class PagedAttention:
         v_pool.index_copy_(0, self.slot_mapping, v)
         k_blocks = k_pool.view(-1, self.block_size, *k_pool.shape[1:])     # (num_blocks, block_size, kv_heads, d)
         v_blocks = v_pool.view(-1, self.block_size, *v_pool.shape[1:])
+        if self.prefill is None:   # every sequence decodes, one token each in stream order: no gather, no scatter
+            d = self.decode
+            return self.kernel(q, k_blocks, v_blocks, d.block_tables, d.context_lens, q.shape[-1] ** -0.5)
         out = torch.empty_like(q)                                          # (tokens, heads, d)
         if self.decode is not None:
             d = self.decode
