@@ -116,7 +116,7 @@ class LLMEngine:
         seeded = None if params.seed is None else torch.Generator(self.device).manual_seed(params.seed)
         return Sequence(request_id, text, ids, params, generator=seeded)
 
-    # notebooks/04_paged_attention.ipynb, cell 56
+    # notebooks/04_paged_attention.ipynb, cell 57
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
         if self.scheduler.find(request_id) is not None:
             raise ValueError(f"request {request_id!r} is already running")
@@ -130,18 +130,18 @@ class LLMEngine:
                              "more memory")
         self.scheduler.add(seq)
 
-    # notebooks/03_continuous_batching.ipynb, cell 27
+    # notebooks/03_continuous_batching.ipynb, cell 28
     def abort_request(self, request_id: str) -> None:
         seq = self.scheduler.find(request_id)
         if seq is None:
             raise KeyError(f"no unfinished request {request_id!r}")
         self.scheduler.remove(seq)
 
-    # notebooks/03_continuous_batching.ipynb, cell 27
+    # notebooks/03_continuous_batching.ipynb, cell 28
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    # notebooks/03_continuous_batching.ipynb, cell 29
+    # notebooks/03_continuous_batching.ipynb, cell 30
     @torch.no_grad()
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
@@ -173,7 +173,7 @@ class LLMEngine:
                 seq.record_sampling_mask(mask, logz)
         return out.token_ids
 
-    # notebooks/04_paged_attention.ipynb, cell 56
+    # notebooks/04_paged_attention.ipynb, cell 57
     def kv_cache_stats(self) -> dict:
         """total_blocks, free_blocks, cached_blocks (free but holding a reusable prefix), prefix_hit_rate."""
         return self.scheduler.block_manager.stats()
@@ -184,7 +184,7 @@ class LLMEngine:
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
 
-# notebooks/03_continuous_batching.ipynb, cell 25
+# notebooks/03_continuous_batching.ipynb, cell 26
 def check_sizes(**sizes: int | None) -> None:
     """The engine's sizes are positive integers; None leaves one for the engine to derive."""
     for name, value in sizes.items():

@@ -22,7 +22,7 @@ class ScheduledSeq:
         return self.num_computed + self.num_new == len(self.seq)
 
 
-# notebooks/03_continuous_batching.ipynb, cell 18
+# notebooks/03_continuous_batching.ipynb, cell 19
 class Scheduler:
     """Picks each step's batch under a token budget: running sequences first (decodes and prefill chunks), then
     waiting ones while blocks and seats remain."""
@@ -80,7 +80,7 @@ class Scheduler:
             self.num_computed[s.seq.request_id] = s.num_computed + s.num_new
             self.block_manager.commit(s.seq, s.num_computed + s.num_new)
 
-    # notebooks/03_continuous_batching.ipynb, cell 21
+    # notebooks/03_continuous_batching.ipynb, cell 22
     def remove(self, seq: Sequence) -> None:
         """Take a finished or aborted sequence out and free its KV blocks."""
         if seq.status == SequenceStatus.WAITING:

@@ -34,7 +34,12 @@ void decode(const T* q, const T* k, const T* v, const int32_t* tables, const int
       for (int64_t start = 0; start < len; start += bs) {
         const int64_t block = tables[seq * table_stride + start / bs], n = std::min(bs, len - start);
         const T* kb = k + block * bs * row + h * d;
-        const T* vb = v + block * bs * row + h * d;
+        const T* vb = v + block * bs * row + h * d;"""
+
+
+# notebooks/04_paged_attention.ipynb, cell 36
+# ... then, block by block, the online softmax of each query head of the group
+SOURCE += r"""
         for (int64_t g = 0; g < group; ++g) {
           const float* qg = qf.data() + g * d;
           float* ag = acc.data() + g * d;
@@ -70,7 +75,7 @@ void decode(const T* q, const T* k, const T* v, const int32_t* tables, const int
 """
 
 
-# notebooks/04_paged_attention.ipynb, cell 37
+# notebooks/04_paged_attention.ipynb, cell 38
 SOURCE += r"""
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
@@ -89,7 +94,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
 """
 
 
-# notebooks/04_paged_attention.ipynb, cell 39
+# notebooks/04_paged_attention.ipynb, cell 40
 @functools.cache
 def extension():
     """The compiled kernel, built once per machine (torch caches it under ~/.cache/torch_extensions);
@@ -105,7 +110,7 @@ def extension():
         return None
 
 
-# notebooks/04_paged_attention.ipynb, cell 39
+# notebooks/04_paged_attention.ipynb, cell 40
 def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """The same contract as the Triton kernel: q (seqs, heads, d); k_cache, v_cache (blocks, block_size, kv_heads, d);

@@ -229,6 +229,22 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Response:
 
 
 # notebooks/07_serving.ipynb, cell 43
+async def chat_events(outputs: AsyncIterator[RequestOutput], request_id: str, created: int, params: SamplingParams,
+                      body: ChatCompletionRequest) -> AsyncIterator[str]:
+    """A streamed chat completion's events: the assistant's role first, then one delta per step."""
+    def chunk(choices: list[ChatChunkChoice], **kw) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=request_id, created=created, model=body.model, choices=choices, **kw)
+
+    def delta_chunk(text: str, finish: str | None, extra: dict) -> ChatCompletionChunk:
+        delta = DeltaMessage(content=text) if text else DeltaMessage()   # OpenAI's last delta is {}
+        return chunk([ChatChunkChoice(delta=delta, finish_reason=finish, **extra)])
+
+    yield sse(chunk([ChatChunkChoice(delta=DeltaMessage(role="assistant", content=""))]))
+    async for event in stream_events(outputs, request_id, params, body, delta_chunk, lambda u: chunk([], usage=u)):
+        yield event
+
+
+# notebooks/07_serving.ipynb, cell 44
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Response:
     check_model(raw, body.model)
@@ -248,20 +264,7 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> R
     outputs = await add_request(raw, request_id, {"prompt_token_ids": prompt_ids}, params)
 
     if body.stream:
-        def chunk(choices: list[ChatChunkChoice], **kw) -> ChatCompletionChunk:
-            return ChatCompletionChunk(id=request_id, created=created, model=body.model, choices=choices, **kw)
-
-        def delta_chunk(text: str, finish: str | None, extra: dict) -> ChatCompletionChunk:
-            delta = DeltaMessage(content=text) if text else DeltaMessage()   # OpenAI's last delta is {}
-            return chunk([ChatChunkChoice(delta=delta, finish_reason=finish, **extra)])
-
-        async def events() -> AsyncIterator[str]:
-            yield sse(chunk([ChatChunkChoice(delta=DeltaMessage(role="assistant", content=""))]))
-            async for event in stream_events(outputs, request_id, params, body, delta_chunk,
-                                             lambda u: chunk([], usage=u)):
-                yield event
-
-        return event_stream(raw, request_id, events())
+        return event_stream(raw, request_id, chat_events(outputs, request_id, created, params, body))
     out = await until_disconnected(raw, final_output(outputs))
     if out is None:
         return Response(status_code=499)
@@ -272,7 +275,7 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> R
                                                usage=usage(out)).model_dump())
 
 
-# notebooks/07_serving.ipynb, cell 45
+# notebooks/07_serving.ipynb, cell 46
 class ServerThread:
     """uvicorn serving an app from a background thread, on a free port: for notebooks and tests."""
 
