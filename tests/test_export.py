@@ -170,6 +170,14 @@ def test_imports_the_folded_code_no_longer_uses_are_dropped_and_one_modules_name
     assert top_level(module_text(root))[0] == "from os import sep, linesep"
 
 
+def test_a_cell_importing_from_its_own_module_is_not_a_self_import(tmp_path):
+    root = make_book(tmp_path, {"a.ipynb": ["#| export toy\ndef helper():\n    return 2"],
+                                "b.ipynb": ["#| export toy\nfrom rosellm_edu.toy import helper\n\n\n"
+                                            "def a():\n    return helper()"]})
+    text = module_text(root)
+    assert "import" not in text.split("\n", 3)[3] and run(text)["a"]() == 2
+
+
 def test_new_markers_tell_the_reader_what_changed_and_stay_out_of_the_package(tmp_path):
     root = make_book(tmp_path, {"a.ipynb": ["#| export toy\ndef a():\n    x = 1  # NEW: one\n    # NEW\n"
                                             "    y = 2  # NEW\n    return x + y  # why, not new"]})

@@ -5,7 +5,8 @@ of a cell is one of:
 
 - an import: it joins the module's one import block at the top, in PEP 8's groups (``__future__``, the standard
   library, third-party packages, rosellm_edu), sorted by module, one statement per module, and only with the names
-  the folded code uses. Imports of ``rosellm_edu.book``, the tooling, are dropped.
+  the folded code uses. Imports of ``rosellm_edu.book``, the tooling, and of the module itself (a later chapter's
+  cell importing what an earlier chapter defined there) are dropped.
 - a definition: a ``def``, ``async def``, ``class`` or an assignment to one name. A later definition of a name the
   module already has replaces the earlier text where the earlier one stood; the new definitions a chapter made
   before it go there too, ahead of it.
@@ -108,7 +109,9 @@ def statements(cell: Cell) -> list[tuple[ast.stmt, str]]:
 def add(module: Module, cell: Cell, node: ast.stmt, text: str) -> tuple[bool, Item | None]:
     """Fold one statement in. Returns (True, item) for a new top-level item, (False, item) for one it replaced."""
     if isinstance(node, (ast.Import, ast.ImportFrom)):
-        if not imports_book(node):
+        # a later chapter's cell may import what an earlier chapter put in this very module: not from itself here
+        itself = isinstance(node, ast.ImportFrom) and not node.level and node.module == f"{PACKAGE}.{cell.module}"
+        if not imports_book(node) and not itself:
             module.imports.setdefault(ast.unparse(node), (import_group(node), text))
         return False, None
     if (decorator := add_to_class_decorator(node)) is not None:
