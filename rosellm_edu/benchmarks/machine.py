@@ -2,6 +2,7 @@
 
 import os
 import platform
+from datetime import date
 
 import torch
 
@@ -21,3 +22,8 @@ def device_name(device: torch.device = torch.device("cpu")) -> str:
 def describe(device: torch.device = torch.device("cpu")) -> str:
     """The device's name, torch's threads and torch's version, for a line printed beside a figure."""
     return f"{device_name(device)}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def machine_line(device: torch.device = torch.device("cpu")) -> str:
+    """The line a timing chapter prints above its numbers: machine, threads, torch and today's date."""
+    return f"Machine: {describe(device)}, {date.today()}"

@@ -1,0 +1,63 @@
+"""Checkers for the book's exercises, three per chapter, in `rosellm_edu.exercises.chNN`.
+
+A checker takes the reader's function, runs it on cases where the package (or a plain re-computation) gives the
+right answer, and prints one verdict: what is wrong on the first case that disagrees, or that all cases pass. It
+returns True or False and never raises, so "Run all" goes past an exercise the reader has not tried yet. Worked
+solutions are in `rosellm_edu.exercises.solutions.chNN`; the test suite runs every checker on them.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+
+
+class Mismatch(Exception):
+    """The reader's answer differs from the reference; the message says where and how."""
+
+
+def checker(title: str) -> Callable:
+    """Turn `check(fn)`, which raises Mismatch on a wrong answer, into a checker that prints a verdict."""
+    def wrap(check: Callable) -> Callable:
+        @functools.wraps(check)
+        def run(fn: Callable) -> bool:
+            try:
+                passed = check(fn)
+            except NotImplementedError:
+                print(f"{title}: not attempted yet. Replace `raise NotImplementedError` with your code and run "
+                      f"this cell again.")
+                return False
+            except Mismatch as wrong:
+                print(f"✗ {title}: {wrong}")
+                return False
+            except Exception as error:  # the reader's code crashed: say how, without a traceback into ours
+                print(f"✗ {title}: your function raised {type(error).__name__}: {error}")
+                return False
+            print(f"✓ {title}: {passed}")
+            return True
+
+        run.title = title
+        return run
+
+    return wrap
+
+
+def expect_close(got, expected: torch.Tensor, what: str, atol: float = 1e-5, rtol: float = 1e-4) -> None:
+    """Raise Mismatch unless `got` is a tensor of `expected`'s shape whose values are close to it."""
+    if not isinstance(got, torch.Tensor):
+        raise Mismatch(f"{what}: expected a tensor, got {type(got).__name__}")
+    if got.shape != expected.shape:
+        raise Mismatch(f"{what}: shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
+    if not torch.allclose(got.double(), expected.double(), atol=atol, rtol=rtol, equal_nan=True):
+        diff = (got.double() - expected.double()).abs()
+        where = tuple(int(i) for i in torch.nonzero(diff == diff.nan_to_num(0).max())[0])
+        raise Mismatch(f"{what}: differs by up to {diff.nan_to_num(0).max():.3g}, first at index {where}: "
+                       f"{got[where].item():.6g} where the reference has {expected[where].item():.6g}")
+
+
+def expect_equal(got, expected, what: str) -> None:
+    """Raise Mismatch unless got == expected (plain values: ints, lists, tuples, strings)."""
+    if got != expected:
+        raise Mismatch(f"{what}: got {got!r}, expected {expected!r}")
