@@ -32,7 +32,7 @@ from rosellm_edu.models import model_class
 from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.sequence import Sequence
 
-DATA_FILE = Path(__file__).resolve().parent.parent / "notebooks" / "data" / "cuda_graph_decode.json"
+DATA_FILE = Path(__file__).resolve().parents[2] / "notebooks" / "data" / "cuda_graph_decode.json"
 
 
 def load(name: str, dtype: torch.dtype, device: torch.device):
