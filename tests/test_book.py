@@ -144,3 +144,28 @@ def test_a_link_to_a_missing_chapter_or_file_is_an_error_naming_it(tmp_path, lin
     root = make_book(tmp_path / "src", f"# A\n[broken]({link})")
     with pytest.raises(ValueError, match=link.split("/")[-1]):
         book.build(tmp_path / "out", root)
+
+
+# Chapter 01's explorer: a live widget in JupyterLab, a picture in the static book.
+
+def test_chapter_01_page_shows_the_explorers_picture_instead_of_the_live_widget(built):
+    out, _ = built
+    notebook = nbformat.read(book.ROOT / "notebooks" / "01_token_generation.ipynb", as_version=4)
+    cell = next(c for c in notebook.cells if c.cell_type == "code" and "NextTokenExplorer(" in c.source)
+    shown = [o.data for o in cell.outputs if book.WIDGET_VIEW in o.get("data", {})]
+    assert shown and all("image/png" in data for data in shown), "the explorer's output carries no picture"
+    page = out / "01_token_generation.html"
+    links = set(parse(page).links)
+    assert all(f"data:image/png;base64,{''.join(data['image/png'].split())}" in links for data in shown)
+    assert book.WIDGET_VIEW not in page.read_text()  # no widget left for a manager that cannot load offline
+
+
+def test_a_widget_view_without_a_picture_is_left_to_the_widget_manager():
+    view = {book.WIDGET_VIEW: {"model_id": "m"}, "text/plain": "VBox()"}
+    pictured = dict(view, **{"image/png": "iVBORw0KGgo="})
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(outputs=[
+        nbformat.v4.new_output("display_data", data=pictured), nbformat.v4.new_output("display_data", data=view)])],
+        metadata={"widgets": {"state": {}}})
+    outputs = book.pictures_for_widgets(notebook).cells[0].outputs
+    assert book.WIDGET_VIEW not in outputs[0].data and book.WIDGET_VIEW in outputs[1].data
+    assert "widgets" in notebook.metadata

@@ -1,5 +1,6 @@
 """The next-token explorer's logic, driven through its sliders without a browser."""
 
+import base64
 import html
 
 import pytest
@@ -72,3 +73,42 @@ def test_the_kept_token_line_names_the_kept_tokens(explorer, tokenizer):
     assert line.startswith("<b>5 tokens kept</b>")
     positions = [line.index(html.escape(repr(tokenizer.decode([t])))) for t in kept]
     assert positions == sorted(positions)  # most likely first
+
+
+def test_the_bars_are_scaled_to_the_data_not_to_one(explorer):
+    bars, _ = explorer.figure().axes
+    tallest = max(explorer.state.base_probs + explorer.state.kept_probs)
+    assert tallest <= bars.get_ylim()[1] < 1.5 * tallest
+
+
+def lines_at(ax, axis: str) -> list[float]:
+    """The x of every vertical line (axis='x') or the y of every horizontal line (axis='y') drawn on ax."""
+    data = [(line.get_xdata(), line.get_ydata()) for line in ax.get_lines()]
+    if axis == "x":
+        return [float(xs[0]) for xs, _ in data if len(xs) == 2 and xs[0] == xs[1]]
+    return [float(ys[0]) for _, ys in data if len(ys) == 2 and ys[0] == ys[1]]
+
+
+def test_the_top_p_cut_shows_even_when_it_falls_beyond_the_bars(explorer):
+    explorer.temperature.value = 1.5
+    explorer.top_p.value = 0.9
+    s = explorer.state
+    n_kept = len(s.kept_ids)
+    assert n_kept > explorer.n_bars and all(p > 0 for p in s.kept_probs)  # every bar is kept: the bars show no cut
+    assert s.cumulative[n_kept - 2] < 0.9 <= s.cumulative[n_kept - 1]    # the token that crosses p is the last kept
+    _, curve = explorer.figure().axes
+    assert 0.9 in lines_at(curve, "y") and n_kept + 0.5 in lines_at(curve, "x")
+
+
+def test_a_cut_among_the_bars_is_marked_between_the_last_kept_and_the_first_cut(explorer):
+    explorer.top_k.value = 5
+    bars, curve = explorer.figure().axes
+    assert 4.5 in lines_at(bars, "x") and 5 in lines_at(curve, "x") and 5.5 in lines_at(curve, "x")
+
+
+def test_displaying_the_explorer_gives_the_live_widget_and_a_picture_of_it(explorer):
+    explorer.top_k.value = 5
+    bundle = explorer._repr_mimebundle_()
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == explorer.widget.model_id
+    assert base64.b64decode(bundle["image/png"]).startswith(b"\x89PNG")
+    assert bundle["text/plain"].startswith("5 tokens kept, most likely first: ")

@@ -4,7 +4,8 @@
 
 The notebooks are rendered as committed (with their outputs), not re-run. Links in a chapter that point to
 another chapter's .ipynb are rewritten to its page; links to other files of the repository are rewritten
-to stay valid from the output folder.
+to stay valid from the output folder. A live widget needs a running kernel, so where an output carries both a
+widget view and a picture (chapter 01's explorer leaves one beside its widget), the page shows the picture.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from nbconvert import HTMLExporter
 from rosellm_edu.book.export import ROOT, Chapter, load_book
 
 INDEX = "index.html"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 # The lab template with a navigation bar above and below each chapter.
 CHAPTER_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
@@ -112,6 +114,18 @@ def chapter_exporter() -> HTMLExporter:
     return HTMLExporter(extra_loaders=[loader], template_file="book_chapter.html.j2", embed_images=True)
 
 
+def pictures_for_widgets(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Drop the widget view from every output that also carries a PNG of it, so that the static page shows the
+    picture; with no widget view left, drop the saved widget state too (it would load the widget manager)."""
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+    for output in outputs:
+        if WIDGET_VIEW in output.get("data", {}) and "image/png" in output.data:
+            del output.data[WIDGET_VIEW]
+    if not any(WIDGET_VIEW in o.get("data", {}) for o in outputs):
+        notebook.metadata.pop("widgets", None)
+    return notebook
+
+
 def index_page(title: str, description: str, chapters: list[Chapter]) -> str:
     items = "\n".join(f'<li><a href="{page_name(c.notebook)}">{html.escape(c.title)}</a> '
                       f'<span class="file">{html.escape(c.notebook)}</span></li>' for c in chapters)
@@ -130,7 +144,8 @@ def build(out: Path, root: Path = ROOT) -> list[Path]:
         notebook = root / "notebooks" / chapter.notebook
         resources = {"metadata": {"name": chapter.title, "path": str(notebook.parent)},
                      "book_nav": nav_bar(chapters, i, "top"), "book_nav_bottom": nav_bar(chapters, i, "bottom")}
-        body, _ = exporter.from_notebook_node(nbformat.read(notebook, as_version=4), resources=resources)
+        node = pictures_for_widgets(nbformat.read(notebook, as_version=4))
+        body, _ = exporter.from_notebook_node(node, resources=resources)
         pages.append(out / page_name(chapter.notebook))
         pages[-1].write_text(rewrite_links(body, notebook, chapters, out))
     return pages
