@@ -174,7 +174,8 @@ def kept_tokens_names(tokenizer, kept_ids: list[int]) -> str:
 
 def kept_tokens_text(tokenizer, kept_ids: list[int]) -> str:
     """The kept-token line: how many tokens the filters keep and the most likely of them, as HTML."""
-    return f"<b>{len(kept_ids)} tokens kept</b>, most likely first: {html.escape(kept_tokens_names(tokenizer, kept_ids))}"
+    names = html.escape(kept_tokens_names(tokenizer, kept_ids))
+    return f"<b>{len(kept_ids)} tokens kept</b>, most likely first: {names}"
 
 
 def kept_tokens_plain(tokenizer, kept_ids: list[int]) -> str:
