@@ -75,7 +75,7 @@ def test_random_streams_keep_blocks_consistent_and_finish_every_request(
     assert len(ended) == len(requests)
     assert all(len(seqs[r].output_token_ids) == seqs[r].params.max_tokens for r, why in ended.items()
                if why == "finished")
-    assert len(bm.free_blocks) == num_blocks and not bm.block_tables
+    assert len(bm.free_blocks) == num_blocks and not bm.block_tables and not scheduler.preempted
     assert bm.stats()["cached_blocks"] == len(bm.cached)
 
 
@@ -93,6 +93,30 @@ def test_a_shared_prefix_is_reused_and_evicted_least_recently_used():
     c = Sequence("c", None, [7] * 11, SamplingParams())     # needs all six blocks: evicts the cached ones
     assert bm.allocate(c) == 0 and not bm.cached
     assert bm.allocate(Sequence("d", None, [1], SamplingParams())) is None
+
+
+def test_a_preempted_sequence_finding_its_own_blocks_is_not_a_prefix_hit():
+    # Two prompts with nothing in common, in a pool too small for both to grow: one is preempted and, readmitted,
+    # finds its own blocks in the cache. That is recomputation saved, not a prefix shared with another request.
+    bm = BlockManager(num_blocks=6, block_size=4)
+    scheduler = Scheduler(bm, max_num_seqs=2, max_num_batched_tokens=64)
+    seqs = [Sequence(str(i), None, [10 * i + t for t in range(9)], SamplingParams(max_tokens=6)) for i in range(2)]
+    for seq in seqs:
+        scheduler.add(seq)
+    while scheduler.has_unfinished():
+        batch = scheduler.schedule()
+        scheduler.computed(batch)
+        for s in batch:
+            if s.samples:
+                s.seq.output_token_ids.append(99)
+                if len(s.seq.output_token_ids) == s.seq.params.max_tokens:
+                    s.seq.finish("length")
+                    scheduler.remove(s.seq)
+    stats = bm.stats()
+    assert scheduler.num_preemptions > 0
+    assert stats["prefix_hit_rate"] == 0 and bm.queried_tokens == 18      # each prompt counted once, no hit
+    assert stats["resumed_hit_rate"] > 0                                   # its own blocks, counted apart
+    assert not scheduler.preempted
 
 
 def test_prefix_keys_are_sha256_chains_of_the_token_bytes():

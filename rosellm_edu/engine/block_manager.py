@@ -28,6 +28,11 @@ def chain_hash(prev_hash: bytes | None, token_ids: tuple[int, ...]) -> bytes:
     return hashlib.sha256(data).digest()
 
 
+# notebooks/04_paged_attention.ipynb, cell 10
+def share(part: int, whole: int) -> float:
+    return part / whole if whole else 0.0
+
+
 # notebooks/04_paged_attention.ipynb, cell 11
 class BlockManager:
     """Fixed-size KV blocks handed out on demand, shared through reference counts, cached by prefix."""
@@ -39,7 +44,8 @@ class BlockManager:
         self.cached: dict[bytes, int] = {}                # hash -> block id, for free and used full blocks
         self.block_tables: dict[str, list[int]] = {}
         self.num_hashed: dict[str, int] = {}              # leading blocks of a sequence that have a hash
-        self.queried_tokens = self.hit_tokens = 0
+        self.queried_tokens = self.hit_tokens = 0                   # new requests' prompt tokens, and cache hits
+        self.resumed_queried_tokens = self.resumed_hit_tokens = 0   # the same for preempted sequences readmitted
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -59,8 +65,9 @@ class BlockManager:
         return hits
 
     # notebooks/04_paged_attention.ipynb, cell 13
-    def allocate(self, seq: Sequence) -> int | None:
-        """Give seq blocks for all its tokens; returns how many are cached already, or None if out of blocks."""
+    def allocate(self, seq: Sequence, resumed: bool = False) -> int | None:
+        """Give seq blocks for all its tokens; returns how many are cached already, or None if out of blocks.
+        resumed: seq was preempted, so most hits are its own blocks, counted apart from the prefix hit rate."""
         hits = self.prefix_hits(seq)
         fresh = self.blocks_needed(len(seq)) - len(hits)
         if fresh + sum(self.blocks[b].ref_count == 0 for b in hits) > len(self.free_blocks):
@@ -69,8 +76,12 @@ class BlockManager:
             self._ref(b)
         self.block_tables[seq.request_id] = hits + [self._take_free() for _ in range(fresh)]
         self.num_hashed[seq.request_id] = len(hits)
-        self.queried_tokens += len(seq)
-        self.hit_tokens += len(hits) * self.block_size
+        if resumed:
+            self.resumed_queried_tokens += len(seq)
+            self.resumed_hit_tokens += len(hits) * self.block_size
+        else:
+            self.queried_tokens += len(seq)
+            self.hit_tokens += len(hits) * self.block_size
         return len(hits) * self.block_size
 
     # notebooks/04_paged_attention.ipynb, cell 13
@@ -129,4 +140,5 @@ class BlockManager:
     def stats(self) -> dict:
         return {"total_blocks": len(self.blocks), "free_blocks": len(self.free_blocks),
                 "cached_blocks": sum(self.cached.get(self.blocks[b].hash) == b for b in self.free_blocks),
-                "prefix_hit_rate": self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0}
+                "prefix_hit_rate": share(self.hit_tokens, self.queried_tokens),
+                "resumed_hit_rate": share(self.resumed_hit_tokens, self.resumed_queried_tokens)}

@@ -175,7 +175,8 @@ class LLMEngine:
 
     # notebooks/04_paged_attention.ipynb, cell 57
     def kv_cache_stats(self) -> dict:
-        """total_blocks, free_blocks, cached_blocks (free but holding a reusable prefix), prefix_hit_rate."""
+        """total_blocks, free_blocks, cached_blocks (free but holding a reusable prefix), prefix_hit_rate (new
+        requests' prompt tokens found cached) and resumed_hit_rate (the same for preempted sequences readmitted)."""
         return self.scheduler.block_manager.stats()
 
     # notebooks/05_cuda_graphs.ipynb, cell 31

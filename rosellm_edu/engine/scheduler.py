@@ -36,6 +36,7 @@ class Scheduler:
         self.requests: dict[str, Sequence] = {}    # every unfinished sequence, by request id
         self.num_computed: dict[str, int] = {}
         self.num_preemptions = 0
+        self.preempted: set[str] = set()           # unfinished sequences preempted at least once
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -62,7 +63,7 @@ class Scheduler:
         while self.num_preemptions == preemptions and self.waiting and budget > 0 \
                 and len(self.running) < self.max_num_seqs:                                   # preemptions
             seq = self.waiting[0]
-            computed = self.block_manager.allocate(seq)
+            computed = self.block_manager.allocate(seq, resumed=seq.request_id in self.preempted)
             if computed is None:
                 break
             self.waiting.popleft()
@@ -80,7 +81,7 @@ class Scheduler:
             self.num_computed[s.seq.request_id] = s.num_computed + s.num_new
             self.block_manager.commit(s.seq, s.num_computed + s.num_new)
 
-    # notebooks/03_continuous_batching.ipynb, cell 22
+    # notebooks/04_paged_attention.ipynb, cell 24
     def remove(self, seq: Sequence) -> None:
         """Take a finished or aborted sequence out and free its KV blocks."""
         if seq.status == SequenceStatus.WAITING:
@@ -89,6 +90,7 @@ class Scheduler:
             self.running.remove(seq)
         del self.requests[seq.request_id]
         self.num_computed.pop(seq.request_id, None)
+        self.preempted.discard(seq.request_id)
         self.block_manager.free(seq.request_id)
 
     # notebooks/04_paged_attention.ipynb, cell 24
@@ -110,3 +112,4 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+        self.preempted.add(seq.request_id)
