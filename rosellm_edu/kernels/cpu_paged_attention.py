@@ -8,7 +8,7 @@ import warnings
 import torch
 
 
-# notebooks/04_paged_attention.ipynb, cell 35
+# notebooks/04_paged_attention.ipynb, cell 44
 SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -37,7 +37,7 @@ void decode(const T* q, const T* k, const T* v, const int32_t* tables, const int
         const T* vb = v + block * bs * row + h * d;"""
 
 
-# notebooks/04_paged_attention.ipynb, cell 36
+# notebooks/04_paged_attention.ipynb, cell 45
 # ... then, block by block, the online softmax of each query head of the group
 SOURCE += r"""
         for (int64_t g = 0; g < group; ++g) {
@@ -75,7 +75,7 @@ SOURCE += r"""
 """
 
 
-# notebooks/04_paged_attention.ipynb, cell 38
+# notebooks/04_paged_attention.ipynb, cell 47
 SOURCE += r"""
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
@@ -94,7 +94,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
 """
 
 
-# notebooks/04_paged_attention.ipynb, cell 40
+# notebooks/04_paged_attention.ipynb, cell 49
 @functools.cache
 def extension():
     """The compiled kernel, built once per machine (torch caches it under ~/.cache/torch_extensions);
@@ -110,7 +110,7 @@ def extension():
         return None
 
 
-# notebooks/04_paged_attention.ipynb, cell 40
+# notebooks/04_paged_attention.ipynb, cell 49
 def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """The same contract as the Triton kernel: q (seqs, heads, d); k_cache, v_cache (blocks, block_size, kv_heads, d);

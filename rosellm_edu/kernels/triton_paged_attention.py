@@ -7,7 +7,21 @@ import triton
 import triton.language as tl
 
 
-# notebooks/04_paged_attention.ipynb, cell 32
+# notebooks/04_paged_attention.ipynb, cell 39
+@triton.jit
+def _online_softmax_step(m, l, acc, s, v):
+    """Fold one block into the running max m (GROUP_PAD,), sum l (GROUP_PAD,) and weighted sum acc
+    (GROUP_PAD, HEAD_DIM): s (GROUP_PAD, BLOCK_SIZE) are its scores (-inf for unused slots), v (BLOCK_SIZE, HEAD_DIM)
+    its values."""
+    m_new = tl.maximum(m, tl.max(s, axis=1))           # finite: every visited block has a valid token
+    alpha = tl.exp(m - m_new)                          # rescales what was summed under the old max
+    p = tl.exp(s - m_new[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+    return m_new, l, acc
+
+
+# notebooks/04_paged_attention.ipynb, cell 41
 @triton.jit
 def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, out_ptr, scale,
                          table_stride, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
@@ -38,18 +52,13 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr
         # Broadcast-and-sum, not tl.dot: tl.dot wants at least 16 rows and a group is often 1 to 8.
         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # (GROUP_PAD, BLOCK_SIZE)
         s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))           # finite: every visited block has a valid token
-        alpha = tl.exp(m - m_new)                          # rescales what was summed under the old max
-        p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-        m = m_new
+        m, l, acc = _online_softmax_step(m, l, acc, s, v)
 
     out = acc / l[:, None]
     tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
 
 
-# notebooks/04_paged_attention.ipynb, cell 33
+# notebooks/04_paged_attention.ipynb, cell 42
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                            context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """q: (seqs, heads, d); k_cache, v_cache: (blocks, block_size, kv_heads, d); block_tables: (seqs, max_blocks)
