@@ -14,7 +14,7 @@ from rosellm_edu.layers.norm import RMSNorm
 from rosellm_edu.layers.rotary import RotaryEmbedding
 
 
-# notebooks/00_the_model.ipynb, cell 13
+# notebooks/00_the_model.ipynb, cell 16
 class LlamaAttention(nn.Module):
     def __init__(self, config: PretrainedConfig, layer_idx: int):
         super().__init__()
@@ -38,7 +38,7 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out.reshape(n, self.q_size))
 
 
-# notebooks/00_the_model.ipynb, cell 14
+# notebooks/00_the_model.ipynb, cell 17
 class LlamaMLP(nn.Module):
     def __init__(self, config: PretrainedConfig):
         super().__init__()
@@ -50,7 +50,7 @@ class LlamaMLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
-# notebooks/00_the_model.ipynb, cell 14
+# notebooks/00_the_model.ipynb, cell 17
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: PretrainedConfig, layer_idx: int):
         super().__init__()
@@ -64,7 +64,7 @@ class LlamaDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-# notebooks/00_the_model.ipynb, cell 15
+# notebooks/00_the_model.ipynb, cell 18
 class LlamaModel(nn.Module):
     def __init__(self, config: PretrainedConfig):
         super().__init__()
@@ -80,13 +80,13 @@ class LlamaModel(nn.Module):
         return self.norm(x)
 
 
-# notebooks/00_the_model.ipynb, cell 15
+# notebooks/00_the_model.ipynb, cell 18
 # checkpoint name -> (our packed parameter, which shard of it)
 PACKED_SHARDS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
                  "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
 
-# notebooks/00_the_model.ipynb, cell 15
+# notebooks/00_the_model.ipynb, cell 18
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config: PretrainedConfig):
         super().__init__()
@@ -103,14 +103,14 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)                                        # (rows, vocab)
 
-    # notebooks/00_the_model.ipynb, cell 16
+    # notebooks/00_the_model.ipynb, cell 19
     def shard_offsets(self, packed: str) -> list[int]:
         attn = self.model.layers[0].self_attn
         sizes = [attn.q_size, attn.kv_size, attn.kv_size] if packed == "qkv_proj" else \
                 [self.config.intermediate_size] * 2
         return [sum(sizes[:i]) for i in range(len(sizes) + 1)]
 
-    # notebooks/00_the_model.ipynb, cell 16
+    # notebooks/00_the_model.ipynb, cell 19
     def expected_shards(self, params: dict) -> set[tuple[str, int | None]]:
         """Every (parameter, shard) the checkpoint must fill; shard None means the whole parameter."""
         packed = {p for p, _ in PACKED_SHARDS.values()}
@@ -118,7 +118,7 @@ class LlamaForCausalLM(nn.Module):
                 for shard in (range(len(self.shard_offsets(name.split(".")[-2])) - 1)
                               if name.split(".")[-2] in packed else [None])}
 
-    # notebooks/00_the_model.ipynb, cell 16
+    # notebooks/00_the_model.ipynb, cell 19
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters())
         loaded = set()

@@ -1,0 +1,35 @@
+"""Worked solutions to chapter 00's exercises."""
+
+import math
+
+import torch
+
+
+def rms_norm(x, weight, eps):
+    x32 = x.float()                                                        # (tokens, hidden), in float32
+    rms = torch.sqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)          # (tokens, 1)
+    return weight * (x32 / rms).to(x.dtype)
+
+
+def rope(x, positions, theta):
+    head_dim = x.shape[-1]
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (head_dim / 2,)
+    angles = positions.float()[:, None] * inv_freq                          # (tokens, head_dim / 2)
+    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]           # (tokens, 1, head_dim / 2)
+    first, second = x[..., :head_dim // 2], x[..., head_dim // 2:]          # pair i is (i, i + head_dim / 2)
+    return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+
+
+def causal_gqa(q, k, v):
+    n, heads, d = q.shape
+    m, kv_heads = k.shape[0], k.shape[1]
+    group = heads // kv_heads
+    k = k.repeat_interleave(group, dim=1)                                   # (m, heads, d): head h uses KV head h // group
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("nhd,mhd->hnm", q, k) / math.sqrt(d)              # (heads, n, m)
+    query_pos = torch.arange(m - n, m)[:, None]                             # the queries are the last n positions
+    scores = scores.masked_fill(torch.arange(m)[None, :] > query_pos, float("-inf"))
+    return torch.einsum("hnm,mhd->nhd", scores.softmax(dim=-1), v)
+
+
+SOLUTIONS = {"check_rms_norm": rms_norm, "check_rope": rope, "check_causal_gqa": causal_gqa}
