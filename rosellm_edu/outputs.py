@@ -5,7 +5,7 @@
 from dataclasses import dataclass
 
 
-# notebooks/06_fast_sampling.ipynb, cell 38
+# notebooks/06_fast_sampling.ipynb, cell 45
 @dataclass
 class CompletionOutput:
     index: int

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 
-# notebooks/06_fast_sampling.ipynb, cell 34
+# notebooks/06_fast_sampling.ipynb, cell 41
 @dataclass
 class SamplingParams:
     temperature: float = 1.0
@@ -30,7 +30,7 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    # notebooks/06_fast_sampling.ipynb, cell 36
+    # notebooks/06_fast_sampling.ipynb, cell 43
     def _validate(self):
         def fail(name, why):
             raise ValueError(f"SamplingParams.{name} {why}, got {getattr(self, name)!r}")

@@ -33,7 +33,7 @@ class Sequence:
     stop_reason: str | int | None = None
     generator: torch.Generator | None = None   # the request's own, when it has a seed
 
-    # notebooks/06_fast_sampling.ipynb, cell 41
+    # notebooks/06_fast_sampling.ipynb, cell 48
     def __post_init__(self):
         self.detokenizer = DecodeStream(skip_special_tokens=True)
         asked = self.params.return_sampling_mask
@@ -62,7 +62,7 @@ class Sequence:
     def finish(self, reason: str, stop_reason: str | int | None = None) -> None:
         self.status, self.finish_reason, self.stop_reason = SequenceStatus.FINISHED, reason, stop_reason
 
-    # notebooks/06_fast_sampling.ipynb, cell 41
+    # notebooks/06_fast_sampling.ipynb, cell 48
     def output(self) -> RequestOutput:
         completion = CompletionOutput(0, self.text, list(self.output_token_ids), self.finish_reason,
                                       self.stop_reason, _copy(self.sampling_mask), _copy(self.sampling_logz))
@@ -94,7 +94,7 @@ class Sequence:
         self.finish("stop", stop)
         return True
 
-    # notebooks/06_fast_sampling.ipynb, cell 41
+    # notebooks/06_fast_sampling.ipynb, cell 48
     def record_sampling_mask(self, mask: list[int] | None, logz: float) -> None:
         """Keep the support the next token is drawn from; None (nothing truncated) makes the whole mask None."""
         self.sampling_logz.append(logz)
@@ -104,6 +104,6 @@ class Sequence:
             self.sampling_mask.append(mask)
 
 
-# notebooks/06_fast_sampling.ipynb, cell 41
+# notebooks/06_fast_sampling.ipynb, cell 48
 def _copy(values: list | None) -> list | None:
     return None if values is None else list(values)

@@ -23,7 +23,7 @@ from rosellm_edu.sequence import Sequence
 Prompt = str | dict   # a string, or {"prompt_token_ids": [...]} for callers that tokenize themselves
 
 
-# notebooks/02_kv_cache.ipynb, cell 21
+# notebooks/02_kv_cache.ipynb, cell 23
 @functools.cache
 def bfloat16_is_faster_here() -> bool:
     """Time one decoder-sized matmul in both dtypes on this CPU: whether bfloat16 pays depends on the CPU
@@ -39,7 +39,7 @@ def bfloat16_is_faster_here() -> bool:
     return best(torch.bfloat16) < best(torch.float32)
 
 
-# notebooks/02_kv_cache.ipynb, cell 21
+# notebooks/02_kv_cache.ipynb, cell 23
 def as_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     """"auto": bfloat16 on a GPU, and on a CPU where its bfloat16 matmul beats float32; float32 otherwise."""
     if isinstance(dtype, torch.dtype):
@@ -57,7 +57,7 @@ class LLMEngine:
     """Requests in, outputs out, one step at a time: add_request(), then step() until
     has_unfinished_requests() is False."""
 
-    # notebooks/06_fast_sampling.ipynb, cell 52
+    # notebooks/06_fast_sampling.ipynb, cell 61
     def __init__(self, model: str | None = None, *, dtype: str | torch.dtype = "auto", seed: int = 0,
                  device: str | torch.device | None = None, block_size: int = 16, num_kv_blocks: int | None = None,
                  kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
@@ -101,7 +101,7 @@ class LLMEngine:
             return prompt.get("prompt"), list(prompt["prompt_token_ids"])
         raise ValueError(f"a prompt is a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
 
-    # notebooks/06_fast_sampling.ipynb, cell 53
+    # notebooks/06_fast_sampling.ipynb, cell 62
     def make_sequence(self, request_id: str, prompt: Prompt, params: SamplingParams | None) -> Sequence:
         """Tokenize and check a request; a bad one raises ValueError naming what is wrong."""
         text, ids = self.tokenize(prompt)
@@ -116,7 +116,7 @@ class LLMEngine:
         seeded = None if params.seed is None else torch.Generator(self.device).manual_seed(params.seed)
         return Sequence(request_id, text, ids, params, generator=seeded)
 
-    # notebooks/04_paged_attention.ipynb, cell 57
+    # notebooks/04_paged_attention.ipynb, cell 66
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
         if self.scheduler.find(request_id) is not None:
             raise ValueError(f"request {request_id!r} is already running")
@@ -158,13 +158,13 @@ class LLMEngine:
             outputs.append(seq.output())
         return outputs
 
-    # notebooks/05_cuda_graphs.ipynb, cell 31
+    # notebooks/05_cuda_graphs.ipynb, cell 37
     def forward(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """Logits (sampling rows, vocab) of one step."""
         with self.device_context():
             return self.runner.run(batch, self.scheduler.block_manager.block_tables)
 
-    # notebooks/06_fast_sampling.ipynb, cell 53
+    # notebooks/06_fast_sampling.ipynb, cell 62
     def pick_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """Every sampling row at once, one device->host transfer; records masks for the requests that ask."""
         out = sample(logits, [seq.params for seq in seqs], [seq.generator for seq in seqs], self.generator)
@@ -173,13 +173,13 @@ class LLMEngine:
                 seq.record_sampling_mask(mask, logz)
         return out.token_ids
 
-    # notebooks/04_paged_attention.ipynb, cell 57
+    # notebooks/04_paged_attention.ipynb, cell 66
     def kv_cache_stats(self) -> dict:
         """total_blocks, free_blocks, cached_blocks (free but holding a reusable prefix), prefix_hit_rate (new
         requests' prompt tokens found cached) and resumed_hit_rate (the same for preempted sequences readmitted)."""
         return self.scheduler.block_manager.stats()
 
-    # notebooks/05_cuda_graphs.ipynb, cell 31
+    # notebooks/05_cuda_graphs.ipynb, cell 37
     def device_context(self):
         """Make the engine's GPU the current one (graph capture and Triton launch on the current device)."""
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()

@@ -45,11 +45,11 @@ def filtered_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return apply_top_p(apply_top_k(logits, params.top_k), params.top_p)
 
 
-# notebooks/06_fast_sampling.ipynb, cell 43
+# notebooks/06_fast_sampling.ipynb, cell 50
 SAMPLING_MASK_CAP = 2048   # the most vocabulary ids one sampling mask lists
 
 
-# notebooks/06_fast_sampling.ipynb, cell 43
+# notebooks/06_fast_sampling.ipynb, cell 50
 @dataclass
 class SamplerOutput:
     token_ids: list[int]
@@ -153,7 +153,7 @@ def exponential(shape, generator: torch.Generator | None, device: torch.device) 
     return torch.empty(shape, device=where).exponential_(generator=generator).to(device)
 
 
-# notebooks/06_fast_sampling.ipynb, cell 26
+# notebooks/06_fast_sampling.ipynb, cell 30
 def draw_truncated(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
                    generator: torch.Generator | None, whole: bool = False) -> tuple[torch.Tensor, Candidates]:
     """Draw one token per row of logits (n, V) from its top-k/top-p candidates; -1 where top-p alone needs
@@ -167,7 +167,7 @@ def draw_truncated(logits: torch.Tensor, params: list[SamplingParams], generator
     return torch.where(cand.complete, tokens, -1), cand
 
 
-# notebooks/06_fast_sampling.ipynb, cell 45
+# notebooks/06_fast_sampling.ipynb, cell 52
 def sampling_masks(logits: torch.Tensor, params: list[SamplingParams], token_ids: list[int],
                    candidates: dict[int, tuple[Candidates, int]]) -> tuple[list, list]:
     """For each row of logits (B, V) that asks: the sorted ids its token was drawn from, and logZ, the log of the
@@ -209,7 +209,7 @@ def sampling_masks(logits: torch.Tensor, params: list[SamplingParams], token_ids
     return masks, logz
 
 
-# notebooks/06_fast_sampling.ipynb, cell 47
+# notebooks/06_fast_sampling.ipynb, cell 54
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
            generator: torch.Generator | None = None) -> SamplerOutput:
     """One token per row of logits (B, V), each row with its own parameters, in one device->host transfer
