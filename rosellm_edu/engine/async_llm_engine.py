@@ -12,7 +12,7 @@ from rosellm_edu.outputs import RequestOutput
 from rosellm_edu.sampling_params import SamplingParams
 
 
-# notebooks/07_serving.ipynb, cell 4
+# notebooks/07_serving.ipynb, cell 16
 @dataclass
 class _Add:
     request_id: str
@@ -23,17 +23,17 @@ class _Add:
     added: asyncio.Future             # done when the engine accepted the request, or raised why not
 
 
-# notebooks/07_serving.ipynb, cell 4
+# notebooks/07_serving.ipynb, cell 16
 @dataclass
 class _Abort:
     request_id: str
 
 
-# notebooks/07_serving.ipynb, cell 4
+# notebooks/07_serving.ipynb, cell 16
 _STOP = object()
 
 
-# notebooks/07_serving.ipynb, cell 6
+# notebooks/07_serving.ipynb, cell 18
 class AsyncLLMEngine:
     """An engine stepping in its own thread; callers in any event loop add requests and await their outputs.
 
@@ -65,7 +65,7 @@ class AsyncLLMEngine:
         async for out in await self.add_request(request_id, prompt, params):
             yield out
 
-    # notebooks/07_serving.ipynb, cell 8
+    # notebooks/07_serving.ipynb, cell 20
     async def _outputs(self, request_id: str, outputs: asyncio.Queue) -> AsyncIterator[RequestOutput]:
         finished = False
         try:
@@ -79,16 +79,16 @@ class AsyncLLMEngine:
             if not finished:   # the caller stopped listening (a client went away): free its KV blocks
                 self.abort(request_id)
 
-    # notebooks/07_serving.ipynb, cell 8
+    # notebooks/07_serving.ipynb, cell 20
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
 
-    # notebooks/07_serving.ipynb, cell 8
+    # notebooks/07_serving.ipynb, cell 20
     def shutdown(self) -> None:
         self._commands.put(_STOP)
         self._thread.join()
 
-    # notebooks/07_serving.ipynb, cell 10
+    # notebooks/07_serving.ipynb, cell 22
     def _run(self) -> None:
         while True:
             # Sleep on the queue while there is nothing to run; otherwise only pick up what has arrived.
@@ -104,7 +104,7 @@ class AsyncLLMEngine:
             if self.engine.has_unfinished_requests():
                 self._step()
 
-    # notebooks/07_serving.ipynb, cell 10
+    # notebooks/07_serving.ipynb, cell 22
     def _apply(self, command) -> None:
         if isinstance(command, _Abort):
             if self._streams.pop(command.request_id, None) is not None:
@@ -118,7 +118,7 @@ class AsyncLLMEngine:
         self._streams[command.request_id] = command
         _post(command.loop, _settle, command.added, None)
 
-    # notebooks/07_serving.ipynb, cell 12
+    # notebooks/07_serving.ipynb, cell 24
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
@@ -135,7 +135,7 @@ class AsyncLLMEngine:
                 self._apply(_Abort(out.request_id))   # its event loop is gone
 
 
-# notebooks/07_serving.ipynb, cell 12
+# notebooks/07_serving.ipynb, cell 24
 def _post(loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
     """Run fn(*args) in loop's thread; False if that loop is closed."""
     try:
@@ -145,7 +145,7 @@ def _post(loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
         return False
 
 
-# notebooks/07_serving.ipynb, cell 12
+# notebooks/07_serving.ipynb, cell 24
 def _settle(future: asyncio.Future, error: Exception | None) -> None:
     if not future.done():   # the caller may have been cancelled meanwhile
         future.set_exception(error) if error else future.set_result(None)

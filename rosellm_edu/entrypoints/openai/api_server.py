@@ -9,7 +9,7 @@ import time
 from typing import AsyncIterator, Awaitable, Callable
 
 import uvicorn
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import FastAPI, APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
@@ -27,11 +27,36 @@ from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.streaming import DeltaTracker
 
 
-# notebooks/07_serving.ipynb, cell 31
+# notebooks/07_serving.ipynb, cell 4
+class ServerThread:
+    """uvicorn serving an app from a background thread, on a free port: for notebooks and tests."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0):
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+        self.host = host
+
+    def start(self, timeout: float = 30.0) -> str:
+        """Start serving; return the base URL of the OpenAI API."""
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.05)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        return f"http://{self.host}:{port}/v1"
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+
+# notebooks/07_serving.ipynb, cell 43
 router = APIRouter()
 
 
-# notebooks/07_serving.ipynb, cell 31
+# notebooks/07_serving.ipynb, cell 43
 class OpenAIError(Exception):
     """A request the server refuses: the HTTP status and OpenAI's error body that says why."""
 
@@ -45,7 +70,7 @@ class OpenAIError(Exception):
         return JSONResponse(ErrorResponse(error=self.info).model_dump(), status_code=self.status)
 
 
-# notebooks/07_serving.ipynb, cell 33
+# notebooks/07_serving.ipynb, cell 45
 def from_validation_error(exc: RequestValidationError) -> OpenAIError:
     """The first thing pydantic found wrong with the body, in OpenAI's form."""
     error = exc.errors()[0]
@@ -58,34 +83,34 @@ def from_validation_error(exc: RequestValidationError) -> OpenAIError:
     return OpenAIError(400, f"{param}: {message}" if param else f"request body: {message}", param)
 
 
-# notebooks/07_serving.ipynb, cell 33
+# notebooks/07_serving.ipynb, cell 45
 def invalid_parameter(e: ValueError) -> OpenAIError:
     """SamplingParams names the field it refuses ("SamplingParams.top_p must be ..."): that is the param."""
     name = str(e).removeprefix("SamplingParams.").split(" ")[0] if str(e).startswith("SamplingParams.") else None
     return OpenAIError(400, str(e), name)
 
 
-# notebooks/07_serving.ipynb, cell 33
+# notebooks/07_serving.ipynb, cell 45
 async def openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
     return exc.response()
 
 
-# notebooks/07_serving.ipynb, cell 33
+# notebooks/07_serving.ipynb, cell 45
 async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
     return from_validation_error(exc).response()
 
 
-# notebooks/07_serving.ipynb, cell 33
+# notebooks/07_serving.ipynb, cell 45
 async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
     return OpenAIError(exc.status_code, str(exc.detail)).response()   # unknown route, wrong method
 
 
-# notebooks/07_serving.ipynb, cell 33
+# notebooks/07_serving.ipynb, cell 45
 async def server_error(request: Request, exc: Exception) -> JSONResponse:
     return OpenAIError(500, f"internal error: {exc!r}", type="server_error").response()
 
 
-# notebooks/07_serving.ipynb, cell 35
+# notebooks/07_serving.ipynb, cell 47
 def build_app(engine: AsyncLLMEngine, model_name: str) -> FastAPI:
     app = FastAPI(title="rosellm-edu: an OpenAI-compatible server")
     app.state.engine, app.state.model_name = engine, model_name
@@ -99,19 +124,19 @@ def build_app(engine: AsyncLLMEngine, model_name: str) -> FastAPI:
     return app
 
 
-# notebooks/07_serving.ipynb, cell 35
+# notebooks/07_serving.ipynb, cell 47
 @router.get("/health")
 async def health() -> Response:
     return Response(status_code=200)
 
 
-# notebooks/07_serving.ipynb, cell 35
+# notebooks/07_serving.ipynb, cell 47
 @router.get("/v1/models")
 async def show_models(raw: Request) -> JSONResponse:
     return JSONResponse(ModelList(data=[ModelCard(id=raw.app.state.model_name)]).model_dump())
 
 
-# notebooks/07_serving.ipynb, cell 35
+# notebooks/07_serving.ipynb, cell 47
 def check_model(raw: Request, model: str) -> None:
     served = raw.app.state.model_name
     if model != served:
@@ -119,13 +144,13 @@ def check_model(raw: Request, model: str) -> None:
                           "model_not_found")
 
 
-# notebooks/07_serving.ipynb, cell 37
+# notebooks/07_serving.ipynb, cell 49
 def sse(event: BaseModel) -> str:
     """One server-sent event: a `data:` line with the JSON, then a blank line."""
     return f"data: {event.model_dump_json()}\n\n"
 
 
-# notebooks/07_serving.ipynb, cell 37
+# notebooks/07_serving.ipynb, cell 49
 def mask_fields(body: SamplingRequest, completion: CompletionOutput, start: int) -> dict:
     """The keep-sampling mask and logZ of the tokens from `start` on, only if the request asked for them."""
     if not body.return_sampling_mask:
@@ -135,13 +160,13 @@ def mask_fields(body: SamplingRequest, completion: CompletionOutput, start: int)
             "sampling_logz": completion.sampling_logz[start:]}
 
 
-# notebooks/07_serving.ipynb, cell 37
+# notebooks/07_serving.ipynb, cell 49
 def usage(out: RequestOutput) -> UsageInfo:
     prompt, completion = len(out.prompt_token_ids), len(out.outputs[0].token_ids)
     return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
-# notebooks/07_serving.ipynb, cell 38
+# notebooks/07_serving.ipynb, cell 50
 async def stream_events(outputs: AsyncIterator[RequestOutput], request_id: str, params: SamplingParams,
                         body: SamplingRequest, make_chunk: Callable[..., BaseModel],
                         make_usage_chunk: Callable[[UsageInfo], BaseModel]) -> AsyncIterator[str]:
@@ -161,7 +186,7 @@ async def stream_events(outputs: AsyncIterator[RequestOutput], request_id: str, 
     yield "data: [DONE]\n\n"
 
 
-# notebooks/07_serving.ipynb, cell 38
+# notebooks/07_serving.ipynb, cell 50
 def event_stream(raw: Request, request_id: str, events: AsyncIterator[str]) -> StreamingResponse:
     # When the client goes away, Starlette cancels the body iterator, and the engine aborts the request; the
     # background abort also covers a client that left before the first chunk (a no-op once it finished).
@@ -169,7 +194,7 @@ def event_stream(raw: Request, request_id: str, events: AsyncIterator[str]) -> S
                              background=BackgroundTask(raw.app.state.engine.abort, request_id))
 
 
-# notebooks/07_serving.ipynb, cell 40
+# notebooks/07_serving.ipynb, cell 52
 async def add_request(raw: Request, request_id: str, prompt: str | dict,
                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
     try:
@@ -178,14 +203,14 @@ async def add_request(raw: Request, request_id: str, prompt: str | dict,
         raise OpenAIError(400, str(e)) from e
 
 
-# notebooks/07_serving.ipynb, cell 40
+# notebooks/07_serving.ipynb, cell 52
 async def final_output(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
     async for out in outputs:
         pass
     return out
 
 
-# notebooks/07_serving.ipynb, cell 40
+# notebooks/07_serving.ipynb, cell 52
 async def until_disconnected(raw: Request, work: Awaitable):
     """Await work, unless the client disconnects first: then cancel it (which aborts its request), None."""
     async def disconnected():
@@ -201,7 +226,7 @@ async def until_disconnected(raw: Request, work: Awaitable):
     return task.result()
 
 
-# notebooks/07_serving.ipynb, cell 42
+# notebooks/07_serving.ipynb, cell 54
 @router.post("/v1/completions")
 async def create_completion(body: CompletionRequest, raw: Request) -> Response:
     check_model(raw, body.model)
@@ -228,7 +253,7 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Response:
     return JSONResponse(response([choice], usage=usage(out)).model_dump())
 
 
-# notebooks/07_serving.ipynb, cell 43
+# notebooks/07_serving.ipynb, cell 55
 async def chat_events(outputs: AsyncIterator[RequestOutput], request_id: str, created: int, params: SamplingParams,
                       body: ChatCompletionRequest) -> AsyncIterator[str]:
     """A streamed chat completion's events: the assistant's role first, then one delta per step."""
@@ -244,7 +269,7 @@ async def chat_events(outputs: AsyncIterator[RequestOutput], request_id: str, cr
         yield event
 
 
-# notebooks/07_serving.ipynb, cell 44
+# notebooks/07_serving.ipynb, cell 56
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Response:
     check_model(raw, body.model)
@@ -273,28 +298,3 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> R
                         **mask_fields(body, completion, 0))
     return JSONResponse(ChatCompletionResponse(id=request_id, created=created, model=body.model, choices=[choice],
                                                usage=usage(out)).model_dump())
-
-
-# notebooks/07_serving.ipynb, cell 46
-class ServerThread:
-    """uvicorn serving an app from a background thread, on a free port: for notebooks and tests."""
-
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0):
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
-        self.host = host
-
-    def start(self, timeout: float = 30.0) -> str:
-        """Start serving; return the base URL of the OpenAI API."""
-        self.thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start")
-            time.sleep(0.05)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        return f"http://{self.host}:{port}/v1"
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout)

@@ -11,17 +11,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serial
 from rosellm_edu.sampling_params import SamplingParams
 
 
-# notebooks/07_serving.ipynb, cell 18
+# notebooks/07_serving.ipynb, cell 30
 class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="forbid")   # an unsupported field gets a 400 that names it, not silence
 
 
-# notebooks/07_serving.ipynb, cell 18
+# notebooks/07_serving.ipynb, cell 30
 class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
 
 
-# notebooks/07_serving.ipynb, cell 20
+# notebooks/07_serving.ipynb, cell 32
 class SamplingRequest(OpenAIBaseModel):
     """The fields completions and chat share, and how they map onto SamplingParams."""
     model: str
@@ -53,7 +53,7 @@ class SamplingRequest(OpenAIBaseModel):
                               **{k: v for k, v in given.items() if v is not None}, **extra)
 
 
-# notebooks/07_serving.ipynb, cell 22
+# notebooks/07_serving.ipynb, cell 34
 class CompletionRequest(SamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = 16
@@ -76,13 +76,13 @@ class CompletionRequest(SamplingRequest):
         return prompt if isinstance(prompt, str) else {"prompt_token_ids": prompt}
 
 
-# notebooks/07_serving.ipynb, cell 22
+# notebooks/07_serving.ipynb, cell 34
 class ChatMessage(OpenAIBaseModel):
     role: Literal["system", "user", "assistant"]
     content: str
 
 
-# notebooks/07_serving.ipynb, cell 22
+# notebooks/07_serving.ipynb, cell 34
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
@@ -97,12 +97,12 @@ class ChatCompletionRequest(SamplingRequest):
         return logprobs
 
 
-# notebooks/07_serving.ipynb, cell 25
+# notebooks/07_serving.ipynb, cell 37
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-# notebooks/07_serving.ipynb, cell 25
+# notebooks/07_serving.ipynb, cell 37
 class OpenAIResponse(BaseModel):
     """The optional keys are sent only when the server set them: a client that did not ask for an extra
     (the sampling mask, usage in a stream) gets exactly OpenAI's shape."""
@@ -113,14 +113,14 @@ class OpenAIResponse(BaseModel):
         return {k: v for k, v in handler(self).items() if k not in self.optional_keys or k in self.model_fields_set}
 
 
-# notebooks/07_serving.ipynb, cell 25
+# notebooks/07_serving.ipynb, cell 37
 class UsageInfo(OpenAIResponse):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
 
 
-# notebooks/07_serving.ipynb, cell 25
+# notebooks/07_serving.ipynb, cell 37
 class MaskedChoice(OpenAIResponse):
     """A choice with the keep-sampling mask, when asked for: per token, the sorted vocabulary ids the token
     was drawn from (None if nothing was truncated), and logZ, the log of the probability mass they hold."""
@@ -131,12 +131,12 @@ class MaskedChoice(OpenAIResponse):
     sampling_logz: list[float] | None = None
 
 
-# notebooks/07_serving.ipynb, cell 25
+# notebooks/07_serving.ipynb, cell 37
 class CompletionChoice(MaskedChoice):
     text: str
 
 
-# notebooks/07_serving.ipynb, cell 27
+# notebooks/07_serving.ipynb, cell 39
 class OpenAIObject(OpenAIResponse):
     """What every response and every chunk starts with."""
     id: str
@@ -144,51 +144,51 @@ class OpenAIObject(OpenAIResponse):
     model: str
 
 
-# notebooks/07_serving.ipynb, cell 27
+# notebooks/07_serving.ipynb, cell 39
 class CompletionResponse(OpenAIObject):   # a whole completion, and each chunk of a streamed one
     object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
 
 
-# notebooks/07_serving.ipynb, cell 27
+# notebooks/07_serving.ipynb, cell 39
 class ChatMessageOut(OpenAIResponse):
     role: Literal["assistant"] = "assistant"
     content: str
 
 
-# notebooks/07_serving.ipynb, cell 27
+# notebooks/07_serving.ipynb, cell 39
 class DeltaMessage(OpenAIResponse):
     optional_keys: ClassVar[frozenset[str]] = frozenset({"role", "content"})
     role: Literal["assistant"] | None = None
     content: str | None = None
 
 
-# notebooks/07_serving.ipynb, cell 27
+# notebooks/07_serving.ipynb, cell 39
 class ChatChoice(MaskedChoice):
     message: ChatMessageOut
 
 
-# notebooks/07_serving.ipynb, cell 27
+# notebooks/07_serving.ipynb, cell 39
 class ChatChunkChoice(MaskedChoice):
     delta: DeltaMessage
 
 
-# notebooks/07_serving.ipynb, cell 28
+# notebooks/07_serving.ipynb, cell 40
 class ChatCompletionResponse(OpenAIObject):
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: UsageInfo
 
 
-# notebooks/07_serving.ipynb, cell 28
+# notebooks/07_serving.ipynb, cell 40
 class ChatCompletionChunk(OpenAIObject):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     choices: list[ChatChunkChoice]
     usage: UsageInfo | None = None
 
 
-# notebooks/07_serving.ipynb, cell 28
+# notebooks/07_serving.ipynb, cell 40
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -196,13 +196,13 @@ class ModelCard(BaseModel):
     owned_by: str = "rosellm-edu"
 
 
-# notebooks/07_serving.ipynb, cell 28
+# notebooks/07_serving.ipynb, cell 40
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
 
 
-# notebooks/07_serving.ipynb, cell 28
+# notebooks/07_serving.ipynb, cell 40
 class ErrorInfo(BaseModel):
     message: str
     type: str
@@ -210,6 +210,6 @@ class ErrorInfo(BaseModel):
     code: str | None = None
 
 
-# notebooks/07_serving.ipynb, cell 28
+# notebooks/07_serving.ipynb, cell 40
 class ErrorResponse(BaseModel):
     error: ErrorInfo
