@@ -24,24 +24,25 @@ def test_padded_size_rejects_a_bucket_past_max_num_seqs(capsys):
     assert "padded_size(3, 3)" in out and "got 4, expected 3" in out
 
 
-def test_decode_inputs_rejects_padded_rows_that_write_into_block_0(capsys):
-    def pads_into_block_0(tokens, positions, tables, rows, block_size, scratch_block):
+def with_padded_rows(name, value):
+    """The worked solution, except that the padded rows' `name` is `value`."""
+    def wrong(tokens, positions, tables, rows, block_size, scratch_block):
         inputs = solutions.decode_inputs(tokens, positions, tables, rows, block_size, scratch_block)
-        inputs["slot_mapping"][len(tokens):] = 0            # slot 0 belongs to whoever owns block 0
+        inputs[name][len(tokens):] = value
         return inputs
 
-    assert ch05.check_decode_inputs(pads_into_block_0) is False
+    return wrong
+
+
+def test_decode_inputs_rejects_padded_rows_that_write_into_block_0(capsys):
+    # slot 0 belongs to whoever owns block 0
+    assert ch05.check_decode_inputs(with_padded_rows("slot_mapping", 0)) is False
     out = capsys.readouterr().out
     assert "['slot_mapping']" in out and "got [145, 0], expected [145, 384]" in out
 
 
 def test_decode_inputs_rejects_a_padded_context_of_zero_tokens(capsys):
-    def empty_context(tokens, positions, tables, rows, block_size, scratch_block):
-        inputs = solutions.decode_inputs(tokens, positions, tables, rows, block_size, scratch_block)
-        inputs["context_lens"][len(tokens):] = 0
-        return inputs
-
-    assert ch05.check_decode_inputs(empty_context) is False
+    assert ch05.check_decode_inputs(with_padded_rows("context_lens", 0)) is False
     assert "['context_lens']: got [18, 0], expected [18, 1]" in capsys.readouterr().out
 
 
