@@ -28,14 +28,14 @@ class KVCache:
         self.v = torch.zeros_like(self.k)
 
 
-# notebooks/04_paged_attention.ipynb, cell 52
+# notebooks/04_paged_attention.ipynb, cell 61
 def block_bytes(config, block_size: int, dtype: torch.dtype) -> int:
     """Bytes of K and V that one block holds across all layers."""
     layers, kv_heads, head_dim = kv_cache_shape(config)
     return 2 * layers * block_size * kv_heads * head_dim * dtype.itemsize
 
 
-# notebooks/04_paged_attention.ipynb, cell 52
+# notebooks/04_paged_attention.ipynb, cell 61
 def blocks_in_budget(config, block_size: int, dtype: torch.dtype, device: torch.device,
                      kv_cache_memory_bytes: int | None, gpu_memory_utilization: float) -> int:
     """How many KV blocks fit: on a GPU, in gpu_memory_utilization of its memory minus what is in use (the
@@ -53,5 +53,5 @@ def blocks_in_budget(config, block_size: int, dtype: torch.dtype, device: torch.
     return blocks
 
 
-# notebooks/04_paged_attention.ipynb, cell 52
+# notebooks/04_paged_attention.ipynb, cell 61
 CPU_KV_CACHE_BYTES = 1 << 30   # 1 GiB: about 23,000 tokens of SmolLM2-135M in float32

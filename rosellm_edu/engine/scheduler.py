@@ -27,7 +27,7 @@ class Scheduler:
     """Picks each step's batch under a token budget: running sequences first (decodes and prefill chunks), then
     waiting ones while blocks and seats remain."""
 
-    # notebooks/04_paged_attention.ipynb, cell 21
+    # notebooks/04_paged_attention.ipynb, cell 23
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
         self.block_manager = block_manager
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
@@ -48,7 +48,7 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    # notebooks/04_paged_attention.ipynb, cell 23
+    # notebooks/04_paged_attention.ipynb, cell 25
     def schedule(self) -> list[ScheduledSeq]:
         budget, batch, preemptions = self.max_num_batched_tokens, [], self.num_preemptions   # preemptions
         i = 0
@@ -75,13 +75,13 @@ class Scheduler:
             budget -= n
         return batch
 
-    # notebooks/04_paged_attention.ipynb, cell 26
+    # notebooks/04_paged_attention.ipynb, cell 28
     def computed(self, batch: list[ScheduledSeq]) -> None:
         for s in batch:
             self.num_computed[s.seq.request_id] = s.num_computed + s.num_new
             self.block_manager.commit(s.seq, s.num_computed + s.num_new)
 
-    # notebooks/04_paged_attention.ipynb, cell 24
+    # notebooks/04_paged_attention.ipynb, cell 26
     def remove(self, seq: Sequence) -> None:
         """Take a finished or aborted sequence out and free its KV blocks."""
         if seq.status == SequenceStatus.WAITING:
@@ -93,7 +93,7 @@ class Scheduler:
         self.preempted.discard(seq.request_id)
         self.block_manager.free(seq.request_id)
 
-    # notebooks/04_paged_attention.ipynb, cell 24
+    # notebooks/04_paged_attention.ipynb, cell 26
     def make_room(self, seq: Sequence, num_tokens: int) -> bool:
         """Preempt the newest running sequences until seq has blocks for num_tokens; False if seq itself went."""
         while not self.block_manager.ensure(seq, num_tokens):
@@ -103,7 +103,7 @@ class Scheduler:
                 return False
         return True
 
-    # notebooks/04_paged_attention.ipynb, cell 24
+    # notebooks/04_paged_attention.ipynb, cell 26
     def preempt(self, seq: Sequence) -> None:
         """Free seq's blocks and send it back to the front of the queue; its prefill re-runs later."""
         self.running.remove(seq)

@@ -60,7 +60,7 @@ def seq_group(block_tables: list[list[int]], num_computed: list[int], num_new: l
     return SeqGroup(query_index, valid, tables, as_int([c + n for c, n in zip(num_computed, num_new)]), as_int(num_new))
 
 
-# notebooks/04_paged_attention.ipynb, cell 43
+# notebooks/04_paged_attention.ipynb, cell 52
 def gathered_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
     """The decode kernels' contract, q (seqs, heads, d) one query each, computed by the gathered reference."""
     assert scale == q.shape[-1] ** -0.5, "the reference uses attention's default scale"
@@ -68,7 +68,7 @@ def gathered_decode_attention(q, k_cache, v_cache, block_tables, context_lens, s
                               torch.ones_like(context_lens))[:, 0]
 
 
-# notebooks/04_paged_attention.ipynb, cell 43
+# notebooks/04_paged_attention.ipynb, cell 52
 def decode_kernel(device: torch.device) -> Callable:
     """The kernel that reads K/V blocks in place on this device; the gathered reference where none can be built."""
     if device.type == "cuda":
@@ -79,7 +79,7 @@ def decode_kernel(device: torch.device) -> Callable:
     return gathered_decode_attention
 
 
-# notebooks/04_paged_attention.ipynb, cell 44
+# notebooks/04_paged_attention.ipynb, cell 53
 @dataclass
 class PagedAttention:
     """The attention context of one forward pass over a batch: each layer writes its new K/V into their slots,
@@ -108,7 +108,7 @@ class PagedAttention:
         prefilling = [i for i, n in enumerate(num_new) if n > 1]
         return cls(k_pool, v_pool, block_size, slots, group(decoding), group(prefilling), decode_kernel(device))
 
-    # notebooks/04_paged_attention.ipynb, cell 45
+    # notebooks/04_paged_attention.ipynb, cell 54
     def attend(self, layer_idx: int, q, k, v):
         k_pool, v_pool = self.k_pool[layer_idx], self.v_pool[layer_idx]
         k_pool.index_copy_(0, self.slot_mapping, k)
