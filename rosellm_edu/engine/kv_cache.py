@@ -14,7 +14,7 @@ def kv_cache_shape(config) -> tuple[int, int, int]:
     return config.num_hidden_layers, config.num_key_value_heads, head_dim
 
 
-# notebooks/03_continuous_batching.ipynb, cell 8
+# notebooks/03_continuous_batching.ipynb, cell 10
 class KVCache:
     """The engine's KV storage: one (layers, slots, kv_heads, head_dim) tensor for K and one for V, cut into
     num_blocks blocks of block_size slots that the block manager hands out to sequences."""

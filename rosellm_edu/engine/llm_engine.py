@@ -130,18 +130,18 @@ class LLMEngine:
                              "more memory")
         self.scheduler.add(seq)
 
-    # notebooks/03_continuous_batching.ipynb, cell 28
+    # notebooks/03_continuous_batching.ipynb, cell 30
     def abort_request(self, request_id: str) -> None:
         seq = self.scheduler.find(request_id)
         if seq is None:
             raise KeyError(f"no unfinished request {request_id!r}")
         self.scheduler.remove(seq)
 
-    # notebooks/03_continuous_batching.ipynb, cell 28
+    # notebooks/03_continuous_batching.ipynb, cell 30
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    # notebooks/03_continuous_batching.ipynb, cell 30
+    # notebooks/03_continuous_batching.ipynb, cell 32
     @torch.no_grad()
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
@@ -185,7 +185,7 @@ class LLMEngine:
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
 
-# notebooks/03_continuous_batching.ipynb, cell 26
+# notebooks/03_continuous_batching.ipynb, cell 28
 def check_sizes(**sizes: int | None) -> None:
     """The engine's sizes are positive integers; None leaves one for the engine to derive."""
     for name, value in sizes.items():

@@ -9,7 +9,7 @@ from rosellm_edu.engine.block_manager import BlockManager
 from rosellm_edu.sequence import Sequence, SequenceStatus
 
 
-# notebooks/03_continuous_batching.ipynb, cell 18
+# notebooks/03_continuous_batching.ipynb, cell 20
 @dataclass
 class ScheduledSeq:
     seq: Sequence
@@ -22,7 +22,7 @@ class ScheduledSeq:
         return self.num_computed + self.num_new == len(self.seq)
 
 
-# notebooks/03_continuous_batching.ipynb, cell 19
+# notebooks/03_continuous_batching.ipynb, cell 21
 class Scheduler:
     """Picks each step's batch under a token budget: running sequences first (decodes and prefill chunks), then
     waiting ones while blocks and seats remain."""

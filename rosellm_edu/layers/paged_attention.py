@@ -12,14 +12,14 @@ from rosellm_edu.kernels import cpu_paged_attention
 from rosellm_edu.layers.attention import grouped_attention
 
 
-# notebooks/03_continuous_batching.ipynb, cell 12
+# notebooks/03_continuous_batching.ipynb, cell 14
 def slot_mapping(block_tables: list[list[int]], starts: list[int], ends: list[int], block_size: int) -> list[int]:
     """The pool slots of positions starts[i] .. ends[i] - 1 of every sequence i, one sequence after another."""
     return [table[p // block_size] * block_size + p % block_size
             for table, start, end in zip(block_tables, starts, ends) for p in range(start, end)]
 
 
-# notebooks/03_continuous_batching.ipynb, cell 12
+# notebooks/03_continuous_batching.ipynb, cell 14
 def gathered_attention(q, k_cache, v_cache, block_tables, context_lens, query_lens) -> torch.Tensor:
     """Paged attention by gathering each sequence's blocks: the reference every kernel is checked against.
     q (seqs, max_new, heads, d): each sequence's last query_lens[i] positions, padded; k_cache, v_cache
@@ -36,7 +36,7 @@ def gathered_attention(q, k_cache, v_cache, block_tables, context_lens, query_le
     return grouped_attention(q, keys, values, visible)
 
 
-# notebooks/03_continuous_batching.ipynb, cell 14
+# notebooks/03_continuous_batching.ipynb, cell 16
 @dataclass
 class SeqGroup:
     """Sequences attended together: where their new tokens sit in the batch's token stream, and their blocks."""
@@ -47,7 +47,7 @@ class SeqGroup:
     query_lens: torch.Tensor | None    # (seqs,) int32: new positions; None for decode
 
 
-# notebooks/03_continuous_batching.ipynb, cell 14
+# notebooks/03_continuous_batching.ipynb, cell 16
 def seq_group(block_tables: list[list[int]], num_computed: list[int], num_new: list[int], starts: list[int],
               device) -> SeqGroup:
     as_int = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
