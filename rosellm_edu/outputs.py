@@ -17,7 +17,7 @@ class CompletionOutput:
     sampling_logz: list[float] | None = None      # per token, log of the softmax mass kept
 
 
-# notebooks/01_token_generation.ipynb, cell 21
+# notebooks/01_token_generation.ipynb, cell 23
 @dataclass
 class RequestOutput:
     request_id: str

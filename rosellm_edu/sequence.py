@@ -12,14 +12,14 @@ from rosellm_edu.outputs import CompletionOutput, RequestOutput
 from rosellm_edu.sampling_params import SamplingParams
 
 
-# notebooks/01_token_generation.ipynb, cell 23
+# notebooks/01_token_generation.ipynb, cell 25
 class SequenceStatus(Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
 
 
-# notebooks/01_token_generation.ipynb, cell 23
+# notebooks/01_token_generation.ipynb, cell 25
 @dataclass
 class Sequence:
     request_id: str
@@ -47,18 +47,18 @@ class Sequence:
     def __len__(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    # notebooks/01_token_generation.ipynb, cell 25
+    # notebooks/01_token_generation.ipynb, cell 27
     def token_at(self, position: int) -> int:
         """token_ids[position] without building the whole list."""
         prompt_len = len(self.prompt_token_ids)
         return self.prompt_token_ids[position] if position < prompt_len else self.output_token_ids[position - prompt_len]
 
-    # notebooks/01_token_generation.ipynb, cell 25
+    # notebooks/01_token_generation.ipynb, cell 27
     @property
     def finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
 
-    # notebooks/01_token_generation.ipynb, cell 25
+    # notebooks/01_token_generation.ipynb, cell 27
     def finish(self, reason: str, stop_reason: str | int | None = None) -> None:
         self.status, self.finish_reason, self.stop_reason = SequenceStatus.FINISHED, reason, stop_reason
 
@@ -68,7 +68,7 @@ class Sequence:
                                       self.stop_reason, _copy(self.sampling_mask), _copy(self.sampling_logz))
         return RequestOutput(self.request_id, self.prompt, list(self.prompt_token_ids), [completion], self.finished)
 
-    # notebooks/01_token_generation.ipynb, cell 27
+    # notebooks/01_token_generation.ipynb, cell 29
     def append_token(self, token: int, tokenizer, eos_token_ids: set[int], max_model_len: int) -> None:
         """Add one generated token, update the text, and decide whether the sequence is finished."""
         self.output_token_ids.append(token)
@@ -84,7 +84,7 @@ class Sequence:
         if self.finished:                             # settle any bytes the stream still holds
             self.text = tokenizer.decode(self.output_token_ids, skip_special_tokens=True)
 
-    # notebooks/01_token_generation.ipynb, cell 27
+    # notebooks/01_token_generation.ipynb, cell 29
     def _cut_stop_string(self) -> bool:
         hits = [(self.text.find(s), s) for s in self.params.stop if s in self.text]
         if not hits:
