@@ -40,7 +40,7 @@ def test_an_unwritten_exercise_is_reported_not_raised(notebook, capsys):
         raise NotImplementedError
 
     for name, check in checkers(chapter_modules(notebook)[0]).items():
-        assert check(unwritten) is False
+        assert not check(unwritten)
         assert "not attempted yet" in capsys.readouterr().out, name
 
 

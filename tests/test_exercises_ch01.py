@@ -12,7 +12,7 @@ def test_top_k_that_keeps_one_token_too_many_is_rejected(capsys):
         kth = logits.topk(k + 1).values[-1]
         return logits.masked_fill(logits < kth, float("-inf"))
 
-    assert ch01.check_top_k(off_by_one) is False
+    assert not ch01.check_top_k(off_by_one)
     out = capsys.readouterr().out
     assert out.startswith("✗ Top-k filter") and "you keep 3 tokens, expected 2" in out
 
@@ -23,7 +23,7 @@ def test_top_k_that_zeroes_instead_of_minus_inf_is_rejected(capsys):
             return logits
         return logits.masked_fill(logits < logits.topk(k).values[-1], 0.0)
 
-    assert ch01.check_top_k(zeroes) is False
+    assert not ch01.check_top_k(zeroes)
     assert "set them to -inf" in capsys.readouterr().out
 
 
@@ -32,7 +32,7 @@ def test_top_k_that_ignores_k_zero_is_rejected(capsys):
         k = max(1, min(k, logits.shape[-1]))
         return logits.masked_fill(logits < logits.topk(k).values[-1], float("-inf"))
 
-    assert ch01.check_top_k(no_off_switch) is False
+    assert not ch01.check_top_k(no_off_switch)
     assert "top_k=0 (off)" in capsys.readouterr().out
 
 
@@ -44,7 +44,7 @@ def test_top_p_that_drops_the_crossing_token_is_rejected(capsys):
         keep[order] = keep_sorted
         return logits.masked_fill(~keep, float("-inf"))
 
-    assert ch01.check_top_p(drops_crossing) is False
+    assert not ch01.check_top_p(drops_crossing)
     out = capsys.readouterr().out
     assert "you dropped the token that crosses top_p" in out
 
@@ -54,7 +54,7 @@ def test_top_p_that_forgets_to_sort_is_rejected(capsys):
         probs = logits.softmax(-1)
         return logits.masked_fill(probs.cumsum(-1) - probs >= p, float("-inf"))
 
-    assert ch01.check_top_p(unsorted) is False
+    assert not ch01.check_top_p(unsorted)
     assert "the most likely token must always stay: sort the probabilities" in capsys.readouterr().out
 
 
@@ -65,7 +65,7 @@ def test_stop_at_the_first_listed_stop_string_is_rejected(capsys):
                 return text[:text.index(stop)], stop
         return text, None
 
-    assert ch01.check_cut_at_stop(list_order) is False
+    assert not ch01.check_cut_at_stop(list_order)
     assert "'Blue' appears earlier in the text" in capsys.readouterr().out
 
 
@@ -77,5 +77,5 @@ def test_stop_that_keeps_the_stop_string_is_rejected(capsys):
         index, stop = min(found)
         return text[:index + len(stop)], stop
 
-    assert ch01.check_cut_at_stop(keeps_it) is False
+    assert not ch01.check_cut_at_stop(keeps_it)
     assert "you kept the stop string in the text" in capsys.readouterr().out

@@ -12,7 +12,7 @@ def test_kv_bytes_counting_query_heads_instead_of_kv_heads_is_caught(capsys):
     def query_heads(config, dtype):
         return 2 * config.num_hidden_layers * config.hidden_size * torch.empty(0, dtype=dtype).element_size()
 
-    assert ch02.check_kv_bytes_per_token(query_heads) is False
+    assert not ch02.check_kv_bytes_per_token(query_heads)
     assert "SmolLM2-135M in torch.float32: got 138240, expected 46080" in capsys.readouterr().out
 
 
@@ -20,7 +20,7 @@ def test_kv_bytes_forgetting_the_values_is_caught(capsys):
     def keys_only(config, dtype):
         return solutions.kv_bytes_per_token(config, dtype) // 2
 
-    assert ch02.check_kv_bytes_per_token(keys_only) is False
+    assert not ch02.check_kv_bytes_per_token(keys_only)
     assert "expected 46080" in capsys.readouterr().out
 
 
@@ -30,7 +30,7 @@ def test_kv_bytes_assuming_head_dim_is_hidden_over_heads_is_caught(capsys):
         head_dim = config.hidden_size // config.num_attention_heads
         return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * per_element
 
-    assert ch02.check_kv_bytes_per_token(derived_head_dim) is False
+    assert not ch02.check_kv_bytes_per_token(derived_head_dim)
     assert "head_dim 128 != hidden / heads" in capsys.readouterr().out
 
 
@@ -46,7 +46,7 @@ def test_decode_step_attending_over_the_whole_reserved_cache_is_caught(capsys):
         k_cache[length], v_cache[length] = k, v
         return attend(q, k_cache, v_cache)                 # rows after `length` are not written yet
 
-    assert ch02.check_decode_step(whole_cache) is False
+    assert not ch02.check_decode_step(whole_cache)
     assert "the first token (an empty cache): differs" in capsys.readouterr().out
 
 
@@ -55,7 +55,7 @@ def test_decode_step_that_leaves_out_its_own_key_is_caught(capsys):
         k_cache[length], v_cache[length] = k, v
         return attend(q, k_cache[:max(length, 1)], v_cache[:max(length, 1)])
 
-    assert ch02.check_decode_step(without_itself) is False
+    assert not ch02.check_decode_step(without_itself)
     assert "5 cached tokens: differs" in capsys.readouterr().out
 
 
@@ -63,7 +63,7 @@ def test_decode_step_that_does_not_write_the_cache_is_caught(capsys):
     def no_write(q, k, v, k_cache, v_cache, length):
         return attend(q, torch.cat([k_cache[:length], k[None]]), torch.cat([v_cache[:length], v[None]]))
 
-    assert ch02.check_decode_step(no_write) is False
+    assert not ch02.check_decode_step(no_write)
     assert "must hold the new token's k and v" in capsys.readouterr().out
 
 
@@ -71,7 +71,7 @@ def test_decode_flops_without_attention_is_caught(capsys):
     def weights_only(config, context_len):
         return solutions.decode_flops(config, 0)
 
-    assert ch02.check_decode_flops(weights_only) is False
+    assert not ch02.check_decode_flops(weights_only)
     assert "SmolLM2-135M with context_len=1" in capsys.readouterr().out
 
 
@@ -81,5 +81,5 @@ def test_decode_flops_charging_attention_per_kv_head_is_caught(capsys):
         fewer = 4 * config.num_hidden_layers * (config.num_attention_heads - config.num_key_value_heads) * d
         return solutions.decode_flops(config, context_len) - fewer * context_len
 
-    assert ch02.check_decode_flops(per_kv_head) is False
+    assert not ch02.check_decode_flops(per_kv_head)
     assert "SmolLM2-135M" in capsys.readouterr().out

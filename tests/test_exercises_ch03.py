@@ -9,7 +9,7 @@ def test_static_waste_rejects_padding_to_the_longest_prompt_of_the_whole_workloa
         pad = sum(max(prompt_lens) - p for p in prompt_lens)
         return pad, solutions.static_waste(prompt_lens, output_lens, batch_size)[1]
 
-    assert ch03.check_static_waste(padded_to_global_longest) is False
+    assert not ch03.check_static_waste(padded_to_global_longest)
     out = capsys.readouterr().out
     assert out.startswith("✗ static batching waste") and "(pad positions, idle decode slots)" in out
 
@@ -23,7 +23,7 @@ def test_static_waste_rejects_a_last_batch_counted_as_full(capsys):
             idle += max(o) * batch_size - sum(o)
         return pad, idle
 
-    assert ch03.check_static_waste(full_last_batch) is False
+    assert not ch03.check_static_waste(full_last_batch)
     assert "expected" in capsys.readouterr().out
 
 
@@ -31,7 +31,7 @@ def test_schedule_step_rejects_admitting_new_requests_before_the_running_ones(ca
     def prefill_first(running, waiting, max_num_seqs, budget):
         return solutions.schedule_step([], waiting + running, max_num_seqs + len(running), budget)
 
-    assert ch03.check_schedule_step(prefill_first) is False
+    assert not ch03.check_schedule_step(prefill_first)
     out = capsys.readouterr().out
     assert out.startswith("✗ one scheduling step") and "running=" in out
 
@@ -40,7 +40,7 @@ def test_schedule_step_rejects_ignoring_max_num_seqs(capsys):
     def no_seat_limit(running, waiting, max_num_seqs, budget):
         return solutions.schedule_step(running, waiting, 10**9, budget)
 
-    assert ch03.check_schedule_step(no_seat_limit) is False
+    assert not ch03.check_schedule_step(no_seat_limit)
     assert "max_num_seqs=2" in capsys.readouterr().out
 
 
@@ -53,7 +53,7 @@ def test_schedule_step_rejects_prompts_that_are_not_chunked(capsys):
                 left -= n
         return batch
 
-    assert ch03.check_schedule_step(whole_prompts_only) is False
+    assert not ch03.check_schedule_step(whole_prompts_only)
     assert "expected" in capsys.readouterr().out
 
 
@@ -61,7 +61,7 @@ def test_first_token_steps_rejects_prompts_prefilled_in_one_step(capsys):
     def unchunked(prompt_lens, output_lens, max_num_seqs, budget):
         return solutions.first_token_steps(prompt_lens, output_lens, max_num_seqs, 10**9)
 
-    assert ch03.check_first_token_steps(unchunked) is False
+    assert not ch03.check_first_token_steps(unchunked)
     out = capsys.readouterr().out
     assert out.startswith("✗ first-token steps") and "max_num_batched_tokens" in out
 
@@ -77,5 +77,5 @@ def test_first_token_steps_rejects_groups_that_wait_for_the_previous_group(capsy
             start += max(f + output_lens[j] for f, j in zip(firsts, group))
         return steps
 
-    assert ch03.check_first_token_steps(static_like) is False
+    assert not ch03.check_first_token_steps(static_like)
     assert "first-token steps for prompts" in capsys.readouterr().out

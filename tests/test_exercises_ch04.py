@@ -11,18 +11,18 @@ def test_slots_that_forget_the_block_size_are_rejected(capsys):
     def unscaled(block_table, block_size, start, end):
         return [block_table[p // block_size] + p % block_size for p in range(start, end)]
 
-    assert ch04.check_slots(unscaled) is False
+    assert not ch04.check_slots(unscaled)
     out = capsys.readouterr().out
     assert out.startswith("✗ Slots through a block table") and "multiply the block number by block_size" in out
 
 
 def test_slots_that_skip_the_block_table_are_rejected(capsys):
-    assert ch04.check_slots(lambda block_table, block_size, start, end: list(range(start, end))) is False
+    assert not ch04.check_slots(lambda block_table, block_size, start, end: list(range(start, end)))
     assert "look its block up in the block table" in capsys.readouterr().out
 
 
 def test_slots_that_drop_the_last_position_are_rejected(capsys):
-    assert ch04.check_slots(lambda table, bs, start, end: slots(table, bs, start, end)[:-1]) is False
+    assert not ch04.check_slots(lambda table, bs, start, end: slots(table, bs, start, end)[:-1])
     assert "positions 3..6: got [31, 8, 9], expected [31, 8, 9, 10]" in capsys.readouterr().out
 
 
@@ -31,7 +31,7 @@ def test_block_keys_that_are_not_chained_are_rejected(capsys):
         return [chain_hash(None, tuple(token_ids[s:s + block_size]))
                 for s in range(0, len(token_ids) - block_size + 1, block_size)]
 
-    assert ch04.check_block_keys(unchained) is False
+    assert not ch04.check_block_keys(unchained)
     out = capsys.readouterr().out
     assert out.startswith("✗ Chained block keys") and "key of block 1 differs" in out and "chain it" in out
 
@@ -44,7 +44,7 @@ def test_block_keys_for_a_partial_block_are_rejected(capsys):
             keys.append(prev)
         return keys
 
-    assert ch04.check_block_keys(with_partial) is False
+    assert not ch04.check_block_keys(with_partial)
     assert "only full blocks get a key" in capsys.readouterr().out
 
 
@@ -52,7 +52,7 @@ def test_a_merge_that_adds_without_rescaling_is_rejected(capsys):
     def unscaled(m1, l1, acc1, m2, l2, acc2):
         return torch.maximum(m1, m2), l1 + l2, acc1 + acc2
 
-    assert ch04.check_merge(unscaled) is False
+    assert not ch04.check_merge(unscaled)
     out = capsys.readouterr().out
     assert out.startswith("✗ Merging two partial softmax results") and "rescale each part by exp(m_i - m)" in out
 
@@ -63,7 +63,7 @@ def test_a_merge_that_rescales_the_wrong_way_is_rejected(capsys):
         a1, a2 = (m - m1).exp(), (m - m2).exp()
         return m, l1 * a1 + l2 * a2, acc1 * a1[:, None] + acc2 * a2[:, None]
 
-    assert ch04.check_merge(inverted) is False
+    assert not ch04.check_merge(inverted)
     assert "l, the sum of exp(score - m)" in capsys.readouterr().out
 
 

@@ -11,7 +11,7 @@ def test_a_mask_that_drops_the_token_crossing_p_is_rejected(capsys):
         mask, log_z = keep_mask(logits, temperature, top_k, top_p)
         return mask[:-1] if len(mask) > 1 else mask, log_z
 
-    assert ch06.check_sampling_mask(drops_crossing_token) is False
+    assert not ch06.check_sampling_mask(drops_crossing_token)
     out = capsys.readouterr().out
     assert "top-p 0.6" in out and "misses ids [3]" in out and "crosses p" in out
 
@@ -20,7 +20,7 @@ def test_a_log_z_computed_without_temperature_is_rejected(capsys):
     def no_temperature_in_log_z(logits, temperature, top_k, top_p):
         return keep_mask(logits, temperature, top_k, top_p)[0], keep_mask(logits, 1.0, top_k, top_p)[1]
 
-    assert ch06.check_sampling_mask(no_temperature_in_log_z) is False
+    assert not ch06.check_sampling_mask(no_temperature_in_log_z)
     assert "log Z" in capsys.readouterr().out
 
 
@@ -29,7 +29,7 @@ def test_an_unsorted_mask_is_named_as_unsorted(capsys):
         mask, log_z = keep_mask(logits, temperature, top_k, top_p)
         return mask[::-1], log_z
 
-    assert ch06.check_sampling_mask(unsorted) is False
+    assert not ch06.check_sampling_mask(unsorted)
     assert "not sorted" in capsys.readouterr().out
 
 
@@ -37,7 +37,7 @@ def test_one_top_k_for_the_whole_batch_is_rejected(capsys):
     def second_rows_k_for_all(logits, temperature, top_k, top_p):
         return batched_top_k_top_p(logits, temperature, torch.full_like(top_k, int(top_k[1])), top_p)
 
-    assert ch06.check_batched_top_k_top_p(second_rows_k_for_all) is False
+    assert not ch06.check_batched_top_k_top_p(second_rows_k_for_all)
     out = capsys.readouterr().out
     assert "row 2" in out and "each row its own k and p" in out
 
@@ -49,7 +49,7 @@ def test_top_p_on_the_distribution_before_top_k_renormalises_is_rejected(capsys)
         probs = whole * (only_k > 0)
         return probs / probs.sum(dim=-1, keepdim=True)
 
-    assert ch06.check_batched_top_k_top_p(top_p_before_renormalising) is False
+    assert not ch06.check_batched_top_k_top_p(top_p_before_renormalising)
     assert "renormalised top-k" in capsys.readouterr().out
 
 
@@ -57,12 +57,12 @@ def test_multiplying_by_the_noise_instead_of_dividing_is_rejected(capsys):
     def times_noise(probs, generator):
         return (probs * torch.empty_like(probs).exponential_(generator=generator)).argmax(dim=-1)
 
-    assert ch06.check_exponential_race(times_noise) is False
+    assert not ch06.check_exponential_race(times_noise)
     assert "standard deviations" in capsys.readouterr().out
 
 
 def test_greedy_instead_of_a_draw_is_rejected(capsys):
-    assert ch06.check_exponential_race(lambda probs, generator: probs.argmax(dim=-1)) is False
+    assert not ch06.check_exponential_race(lambda probs, generator: probs.argmax(dim=-1))
     assert "was drawn 1.0000 of the time" in capsys.readouterr().out
 
 
@@ -70,5 +70,5 @@ def test_noise_not_taken_from_the_generator_is_rejected(capsys):
     def global_rng(probs, generator):
         return exponential_race(probs, None)
 
-    assert ch06.check_exponential_race(global_rng) is False
+    assert not ch06.check_exponential_race(global_rng)
     assert "same seed gave different draws" in capsys.readouterr().out

@@ -17,7 +17,7 @@ def test_parse_sse_that_needs_the_space_after_data_is_rejected(capsys):
                 out.append(json.loads(line[6:]))
         return out
 
-    assert check_parse_sse(needs_the_space) is False
+    assert not check_parse_sse(needs_the_space)
     assert "data:{" in capsys.readouterr().out   # names the stream written without the space
 
 
@@ -26,7 +26,7 @@ def test_parse_sse_that_reads_past_done_is_rejected(capsys):
         return [json.loads(line[5:]) for line in text.splitlines()
                 if line.startswith("data:") and line[5:].strip() != "[DONE]"]
 
-    assert check_parse_sse(past_done) is False
+    assert not check_parse_sse(past_done)
     assert "late" in capsys.readouterr().out
 
 
@@ -34,7 +34,7 @@ def test_parse_sse_that_crashes_on_done_is_reported(capsys):
     def json_everything(text):
         return [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
 
-    assert check_parse_sse(json_everything) is False
+    assert not check_parse_sse(json_everything)
     assert "raised JSONDecodeError" in capsys.readouterr().out
 
 
@@ -44,7 +44,7 @@ def test_chat_usage_that_counts_only_the_messages_text_is_rejected(capsys):
         return {"prompt_tokens": prompt, "completion_tokens": len(completion_token_ids),
                 "total_tokens": prompt + len(completion_token_ids)}
 
-    assert check_chat_usage(text_only) is False
+    assert not check_chat_usage(text_only)
     out = capsys.readouterr().out
     assert "prompt_tokens" in out and "chat template" in out
 
@@ -55,7 +55,7 @@ def test_chat_usage_without_the_opened_assistant_turn_is_rejected(capsys):
         return {"prompt_tokens": prompt, "completion_tokens": len(completion_token_ids),
                 "total_tokens": prompt + len(completion_token_ids)}
 
-    assert check_chat_usage(no_generation_prompt) is False
+    assert not check_chat_usage(no_generation_prompt)
     assert "prompt_tokens" in capsys.readouterr().out
 
 
@@ -63,7 +63,7 @@ def test_chat_usage_with_a_wrong_total_is_rejected(capsys):
     def no_total(tokenizer, messages, completion_token_ids):
         return {**chat_usage(tokenizer, messages, completion_token_ids), "total_tokens": 0}
 
-    assert check_chat_usage(no_total) is False
+    assert not check_chat_usage(no_total)
     assert "total_tokens" in capsys.readouterr().out
 
 
@@ -73,7 +73,7 @@ def test_body_to_params_that_ignores_unknown_fields_is_rejected(capsys):
                                                          "ignore_eos"} and v is not None}
         return SamplingParams(max_tokens=body.get("max_tokens", 16), **known)
 
-    assert check_body_to_params(lenient) is False
+    assert not check_body_to_params(lenient)
     out = capsys.readouterr().out
     assert "presence_penalty" in out and "must refuse" in out
 
@@ -83,7 +83,7 @@ def test_body_to_params_that_passes_none_through_is_rejected(capsys):
         fields = {k: body[k] for k in ("temperature", "top_p", "top_k", "seed", "stop", "ignore_eos") if k in body}
         return SamplingParams(max_tokens=body.get("max_tokens", 16), **fields)
 
-    assert check_body_to_params(passes_none) is False
+    assert not check_body_to_params(passes_none)
     assert "None" in capsys.readouterr().out
 
 
@@ -94,5 +94,5 @@ def test_body_to_params_whose_error_does_not_name_the_field_is_rejected(capsys):
         except ValueError:
             raise ValueError("bad request") from None
 
-    assert check_body_to_params(vague) is False
+    assert not check_body_to_params(vague)
     assert "does not name 'presence_penalty'" in capsys.readouterr().out

@@ -167,7 +167,7 @@ def test_imports_the_folded_code_no_longer_uses_are_dropped_and_one_modules_name
     assert run(text)["a"]() == {}
     root = make_book(tmp_path / "merged", {"a.ipynb": ["#| export toy\nfrom os import sep\nfrom os import linesep"
                                                        "\n\n\ndef a():\n    return sep + linesep"]})
-    assert top_level(module_text(root))[0] == "from os import sep, linesep"
+    assert top_level(module_text(root))[0] == "from os import linesep, sep"  # merged, names sorted
 
 
 def test_a_cell_importing_from_its_own_module_is_not_a_self_import(tmp_path):

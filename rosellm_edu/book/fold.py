@@ -274,6 +274,7 @@ def import_block(module: Module, used: set[str]) -> str:
                     kept[key].append(alias)
     lines = {g: [] for g in range(4)}
     for (group, name, level), aliases in kept.items():
+        aliases = sorted(aliases, key=lambda alias: alias.name)
         statement = ast.Import(aliases) if level is None else ast.ImportFrom(name, aliases, level)
         lines[group].append(wrapped(ast.unparse(statement)))
     by_module = lambda line: (line.startswith("from "), line.split()[1])  # noqa: E731  isort's order

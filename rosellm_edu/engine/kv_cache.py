@@ -19,7 +19,7 @@ class KVCache:
     """The engine's KV storage: one (layers, slots, kv_heads, head_dim) tensor for K and one for V, cut into
     num_blocks blocks of block_size slots that the block manager hands out to sequences."""
 
-    # notebooks/05_cuda_graphs.ipynb, cell 11
+    # notebooks/05_cuda_graphs.ipynb, cell 17
     def __init__(self, config, num_blocks: int, block_size: int, dtype=torch.float32, device="cpu"):
         layers, kv_heads, head_dim = kv_cache_shape(config)
         self.num_blocks, self.block_size = num_blocks, block_size

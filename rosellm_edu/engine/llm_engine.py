@@ -23,7 +23,7 @@ from rosellm_edu.sequence import Sequence
 Prompt = str | dict   # a string, or {"prompt_token_ids": [...]} for callers that tokenize themselves
 
 
-# notebooks/02_kv_cache.ipynb, cell 25
+# notebooks/02_kv_cache.ipynb, cell 23
 @functools.cache
 def bfloat16_is_faster_here() -> bool:
     """Time one decoder-sized matmul in both dtypes on this CPU: whether bfloat16 pays depends on the CPU
@@ -39,7 +39,7 @@ def bfloat16_is_faster_here() -> bool:
     return best(torch.bfloat16) < best(torch.float32)
 
 
-# notebooks/02_kv_cache.ipynb, cell 25
+# notebooks/02_kv_cache.ipynb, cell 23
 def as_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     """"auto": bfloat16 on a GPU, and on a CPU where its bfloat16 matmul beats float32; float32 otherwise."""
     if isinstance(dtype, torch.dtype):

@@ -11,7 +11,7 @@ from rosellm_edu.engine.scheduler import ScheduledSeq
 from rosellm_edu.layers.paged_attention import PagedAttention, SeqGroup, decode_kernel, slot_mapping
 
 
-# notebooks/05_cuda_graphs.ipynb, cell 13
+# notebooks/05_cuda_graphs.ipynb, cell 19
 def batch_size_buckets(max_num_seqs: int) -> list[int]:
     """The batch sizes that get a graph: 1, 2, 4, then every multiple of 8 below max_num_seqs, then max_num_seqs."""
     if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
@@ -19,7 +19,7 @@ def batch_size_buckets(max_num_seqs: int) -> list[int]:
     return [b for b in (1, 2, 4) if b < max_num_seqs] + list(range(8, max_num_seqs, 8)) + [max_num_seqs]
 
 
-# notebooks/05_cuda_graphs.ipynb, cell 13
+# notebooks/05_cuda_graphs.ipynb, cell 19
 def check_triton_shapes(block_size: int, head_dim: int) -> None:
     """The Triton decode kernel tiles a block and a head with tl.arange, which needs powers of two."""
     for name, value in [("block_size", block_size), ("head_dim", head_dim)]:
@@ -27,7 +27,7 @@ def check_triton_shapes(block_size: int, head_dim: int) -> None:
             raise ValueError(f"the GPU decode kernel needs a power-of-two {name}, got {value}")
 
 
-# notebooks/05_cuda_graphs.ipynb, cell 15
+# notebooks/05_cuda_graphs.ipynb, cell 21
 class ModelRunner:
     """Runs the model over a scheduled batch and returns the logits of the rows that sample. Prefill and mixed
     batches run eagerly; decode batches run through static buffers, replayed as CUDA graphs on a GPU."""
@@ -53,7 +53,7 @@ class ModelRunner:
         if device.type == "cuda" and not enforce_eager:
             self.capture()
 
-    # notebooks/05_cuda_graphs.ipynb, cell 17
+    # notebooks/05_cuda_graphs.ipynb, cell 23
     @torch.no_grad()
     def run(self, batch: list[ScheduledSeq], block_tables: dict[str, list[int]]) -> torch.Tensor:
         """Logits (sampling rows, vocab), in batch order."""
@@ -68,7 +68,7 @@ class ModelRunner:
         self.graphs[rows].replay()
         return self.logits[:n].clone()                        # the buffer is overwritten by the next step
 
-    # notebooks/05_cuda_graphs.ipynb, cell 19
+    # notebooks/05_cuda_graphs.ipynb, cell 25
     def run_eager(self, batch: list[ScheduledSeq], tables: list[list[int]]) -> torch.Tensor:
         """One forward pass over the batch's new tokens, with attention metadata built for this batch."""
         ids, positions, last_rows, start = [], [], [], 0
@@ -84,17 +84,17 @@ class ModelRunner:
         hidden = self.model(torch.tensor(ids, device=device), torch.tensor(positions, device=device), ctx)
         return self.model.compute_logits(hidden[last_rows])
 
-    # notebooks/05_cuda_graphs.ipynb, cell 19
+    # notebooks/05_cuda_graphs.ipynb, cell 25
     def is_decode(self, batch: list[ScheduledSeq]) -> bool:
         """Every row computes one token and samples from it."""
         return 0 < len(batch) <= self.max_num_seqs and all(s.num_new == 1 and s.samples for s in batch)
 
-    # notebooks/05_cuda_graphs.ipynb, cell 19
+    # notebooks/05_cuda_graphs.ipynb, cell 25
     def padded_size(self, num_seqs: int) -> int:
         """The smallest bucket that holds num_seqs rows."""
         return self.buckets[bisect_left(self.buckets, num_seqs)]
 
-    # notebooks/05_cuda_graphs.ipynb, cell 21
+    # notebooks/05_cuda_graphs.ipynb, cell 27
     def prepare_decode(self, batch: list[ScheduledSeq], tables: list[list[int]], rows: int) -> int:
         """Write the batch into the first `rows` rows of the static buffers, padding rows after it; returns the
         block-table width the batch uses. A padded row is token 0 at position 0, whose K/V go to the scratch
@@ -112,13 +112,13 @@ class ModelRunner:
                                                       + [[scratch] * width] * pad, torch.int32))
         return width
 
-    # notebooks/05_cuda_graphs.ipynb, cell 23
+    # notebooks/05_cuda_graphs.ipynb, cell 29
     def run_decode(self, rows: int, width: int) -> torch.Tensor:
         """The model over the first `rows` rows of the buffers; logits (rows, vocab)."""
         hidden = self.model(self.input_ids[:rows], self.positions[:rows], self.decode_attention(rows, width))
         return self.model.compute_logits(hidden)
 
-    # notebooks/05_cuda_graphs.ipynb, cell 23
+    # notebooks/05_cuda_graphs.ipynb, cell 29
     def decode_attention(self, rows: int, width: int) -> PagedAttention:
         """Attention metadata made of views of the static buffers, so a captured graph reads what the next step
         writes there. A graph is captured with every block-table column; an eager step passes only the `width`
@@ -128,7 +128,7 @@ class ModelRunner:
         return PagedAttention(kv.k, kv.v, kv.block_size, self.slot_mapping[:rows], group, None,
                               decode_kernel(kv.k.device))
 
-    # notebooks/05_cuda_graphs.ipynb, cell 25
+    # notebooks/05_cuda_graphs.ipynb, cell 31
     @torch.no_grad()
     def capture(self) -> None:
         """One CUDA graph per bucket, largest first, all allocating from one memory pool: the graphs never run

@@ -2,8 +2,9 @@
 
 A checker takes the reader's function, runs it on cases where the package (or a plain re-computation) gives the
 right answer, and prints one verdict: what is wrong on the first case that disagrees, or that all cases pass. It
-returns True or False and never raises, so "Run all" goes past an exercise the reader has not tried yet. Worked
-solutions are in `rosellm_edu.exercises.solutions.chNN`; the test suite runs every checker on them.
+returns a Verdict, true when every case passed, and never raises, so "Run all" goes past an exercise the reader
+has not tried yet. Worked solutions are in `rosellm_edu.exercises.solutions.chNN`; the test suite runs every
+checker on them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,22 @@ from typing import Callable
 import torch
 
 
+class Verdict:
+    """A checker's result: true when every case passed. A notebook shows nothing for it; the printed line says it."""
+
+    def __init__(self, passed: bool):
+        self.passed = passed
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __repr__(self) -> str:
+        return f"Verdict(passed={self.passed})"
+
+    def _ipython_display_(self) -> None:
+        pass
+
+
 class Mismatch(Exception):
     """The reader's answer differs from the reference; the message says where and how."""
 
@@ -22,21 +39,21 @@ def checker(title: str) -> Callable:
     """Turn `check(fn)`, which raises Mismatch on a wrong answer, into a checker that prints a verdict."""
     def wrap(check: Callable) -> Callable:
         @functools.wraps(check)
-        def run(fn: Callable) -> bool:
+        def run(fn: Callable) -> Verdict:
             try:
                 passed = check(fn)
             except NotImplementedError:
                 print(f"{title}: not attempted yet. Replace `raise NotImplementedError` with your code and run "
                       f"this cell again.")
-                return False
+                return Verdict(False)
             except Mismatch as wrong:
                 print(f"✗ {title}: {wrong}")
-                return False
+                return Verdict(False)
             except Exception as error:  # the reader's code crashed: say how, without a traceback into ours
                 print(f"✗ {title}: your function raised {type(error).__name__}: {error}")
-                return False
+                return Verdict(False)
             print(f"✓ {title}: {passed}")
-            return True
+            return Verdict(True)
 
         run.title = title
         return run

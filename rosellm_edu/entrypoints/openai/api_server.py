@@ -9,7 +9,7 @@ import time
 from typing import AsyncIterator, Awaitable, Callable
 
 import uvicorn
-from fastapi import FastAPI, APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
