@@ -4,12 +4,8 @@ kernels told apart from views in a list of ATen operations."""
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from rosellm_edu.exercises import Mismatch, checker, expect_equal
-
-ALLOCATIONS = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
-               torch.ops.aten.empty_strided.default}
 
 
 @checker("padded_size")
@@ -80,18 +76,10 @@ def check_decode_inputs(fn) -> str:
     return f"all {len(cases)} batches give the runner's static inputs, padded rows and short tables included"
 
 
-class _Record(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func)
-        return func(*args, **(kwargs or {}))
-
-
 def _recorded(fn) -> list:
-    with torch.no_grad(), _Record() as record:
+    from rosellm_edu.benchmarks.launches import RecordOps
+
+    with torch.no_grad(), RecordOps() as record:
         fn()
     return record.ops
 
@@ -110,8 +98,10 @@ def _launch_cases() -> list[tuple[str, list]]:
 
 
 def _reference_launches(ops) -> tuple[int, int]:
-    views = sum(op.is_view for op in ops)
-    return sum(not op.is_view and op not in ALLOCATIONS for op in ops), views
+    from rosellm_edu.benchmarks.launches import op_kind
+
+    kinds = [op_kind(op) for op in ops]
+    return kinds.count("kernel"), kinds.count("view")
 
 
 @checker("count_launches")

@@ -2,8 +2,7 @@
 
 import torch
 
-ALLOCATIONS = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
-               torch.ops.aten.empty_strided.default}
+from rosellm_edu.benchmarks.launches import ALLOCATIONS
 
 
 def padded_size(num_seqs: int, max_num_seqs: int) -> int:
