@@ -5,6 +5,7 @@
 import contextlib
 import functools
 import time
+from typing import Iterable
 
 import torch
 
@@ -131,11 +132,14 @@ class LLMEngine:
         self.scheduler.add(seq)
 
     # notebooks/03_continuous_batching.ipynb, cell 30
-    def abort_request(self, request_id: str) -> None:
-        seq = self.scheduler.find(request_id)
-        if seq is None:
-            raise KeyError(f"no unfinished request {request_id!r}")
-        self.scheduler.remove(seq)
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
+        """Abort one request or several; an unknown or finished id is ignored, as vLLM does (NEW): a caller
+        racing the engine (a client leaving as its request finishes) must not crash it."""
+        for rid in [request_id] if isinstance(request_id, str) else request_id:
+            seq = self.scheduler.find(rid)
+            if seq is not None:
+                self.scheduler.remove(seq)
+
 
     # notebooks/03_continuous_batching.ipynb, cell 30
     def has_unfinished_requests(self) -> bool:
