@@ -5,7 +5,16 @@
 from dataclasses import dataclass
 
 
-# notebooks/06_fast_sampling.ipynb, cell 45
+# notebooks/06_fast_sampling.ipynb, cell 46
+@dataclass
+class Logprob:
+    """One token's log-probability under the model's raw distribution, and its rank there (1 = most likely)."""
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# notebooks/06_fast_sampling.ipynb, cell 46
 @dataclass
 class CompletionOutput:
     index: int
@@ -15,9 +24,11 @@ class CompletionOutput:
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     sampling_mask: list[list[int]] | None = None  # per token, the sorted ids it was drawn from
     sampling_logz: list[float] | None = None      # per token, log of the softmax mass kept
+    cumulative_logprob: float | None = None        # sum of the generated tokens' logprobs, when asked
+    logprobs: list[dict[int, Logprob]] | None = None  # per generated token, {id: Logprob}, when asked
 
 
-# notebooks/01_token_generation.ipynb, cell 23
+# notebooks/06_fast_sampling.ipynb, cell 46
 @dataclass
 class RequestOutput:
     request_id: str
@@ -25,3 +36,4 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # per prompt token, the first None

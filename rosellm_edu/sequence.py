@@ -8,18 +8,18 @@ from enum import Enum
 import torch
 from tokenizers.decoders import DecodeStream
 
-from rosellm_edu.outputs import CompletionOutput, RequestOutput
+from rosellm_edu.outputs import CompletionOutput, Logprob, RequestOutput
 from rosellm_edu.sampling_params import SamplingParams
 
 
-# notebooks/01_token_generation.ipynb, cell 25
+# notebooks/01_token_generation.ipynb, cell 26
 class SequenceStatus(Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
 
 
-# notebooks/01_token_generation.ipynb, cell 25
+# notebooks/01_token_generation.ipynb, cell 26
 @dataclass
 class Sequence:
     request_id: str
@@ -33,12 +33,16 @@ class Sequence:
     stop_reason: str | int | None = None
     generator: torch.Generator | None = None   # the request's own, when it has a seed
 
-    # notebooks/06_fast_sampling.ipynb, cell 48
+    # notebooks/06_fast_sampling.ipynb, cell 49
     def __post_init__(self):
-        self.detokenizer = DecodeStream(skip_special_tokens=True)
+        self.detokenizer = DecodeStream(skip_special_tokens=self.params.skip_special_tokens)  # the request's
         asked = self.params.return_sampling_mask
         self.sampling_mask: list[list[int]] | None = [] if asked else None   # kept ids per token, when asked
         self.sampling_logz: list[float] | None = [] if asked else None
+        self.logprobs: list[dict[int, Logprob]] | None = None if self.params.logprobs is None else []
+        self.cumulative_logprob: float | None = None if self.params.logprobs is None else 0.0
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
+            None if self.params.prompt_logprobs is None else [None])   # the first prompt token has none
 
     @property
     def token_ids(self) -> list[int]:
@@ -47,54 +51,67 @@ class Sequence:
     def __len__(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    # notebooks/01_token_generation.ipynb, cell 27
+    # notebooks/01_token_generation.ipynb, cell 28
     def token_at(self, position: int) -> int:
         """token_ids[position] without building the whole list."""
         prompt_len = len(self.prompt_token_ids)
         return self.prompt_token_ids[position] if position < prompt_len else self.output_token_ids[position - prompt_len]
 
-    # notebooks/01_token_generation.ipynb, cell 27
+    # notebooks/01_token_generation.ipynb, cell 28
     @property
     def finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
 
-    # notebooks/01_token_generation.ipynb, cell 27
+    # notebooks/01_token_generation.ipynb, cell 28
     def finish(self, reason: str, stop_reason: str | int | None = None) -> None:
         self.status, self.finish_reason, self.stop_reason = SequenceStatus.FINISHED, reason, stop_reason
 
-    # notebooks/06_fast_sampling.ipynb, cell 48
+    # notebooks/06_fast_sampling.ipynb, cell 49
     def output(self) -> RequestOutput:
         completion = CompletionOutput(0, self.text, list(self.output_token_ids), self.finish_reason,
-                                      self.stop_reason, _copy(self.sampling_mask), _copy(self.sampling_logz))
-        return RequestOutput(self.request_id, self.prompt, list(self.prompt_token_ids), [completion], self.finished)
+                                      self.stop_reason, _copy(self.sampling_mask), _copy(self.sampling_logz),
+                                      self.cumulative_logprob, _copy(self.logprobs))
+        return RequestOutput(self.request_id, self.prompt, list(self.prompt_token_ids), [completion], self.finished,
+                             _copy(self.prompt_logprobs))
 
-    # notebooks/01_token_generation.ipynb, cell 29
+    # notebooks/01_token_generation.ipynb, cell 30
     def append_token(self, token: int, tokenizer, eos_token_ids: set[int], max_model_len: int) -> None:
         """Add one generated token, update the text, and decide whether the sequence is finished."""
         self.output_token_ids.append(token)
-        self.text += self.detokenizer.step(tokenizer.backend_tokenizer, token) or ""   # None: bytes held back
-        if not self.params.ignore_eos and token in eos_token_ids:
+        may_stop = len(self.output_token_ids) >= self.params.min_tokens
+        if may_stop and not self.params.ignore_eos and token in eos_token_ids:
             self.finish("stop")
-        elif token in self.params.stop_token_ids:
+        elif may_stop and token in self.params.stop_token_ids:
             self.finish("stop", token)
-        elif self._cut_stop_string():
-            return                                    # the text is cut where the stop string begins
-        elif len(self.output_token_ids) >= self.params.max_tokens or len(self) >= max_model_len:
+        if self.finished:                             # the stop token's text stays out unless asked for
+            keep = self.params.include_stop_str_in_output
+            self.text = self._decode(tokenizer, self.output_token_ids if keep else self.output_token_ids[:-1])
+            return
+        searched = len(self.text)
+        self.text += self.detokenizer.step(tokenizer.backend_tokenizer, token) or ""   # None: bytes held back
+        if may_stop and self._cut_stop_string(searched):
+            return                                    # the text is cut at the stop string
+        room = self.params.max_tokens if self.params.max_tokens is not None else max_model_len
+        if len(self.output_token_ids) >= room or len(self) >= max_model_len:
             self.finish("length")
-        if self.finished:                             # settle any bytes the stream still holds
-            self.text = tokenizer.decode(self.output_token_ids, skip_special_tokens=True)
+            self.text = self._decode(tokenizer, self.output_token_ids)   # settle bytes the stream still holds
 
-    # notebooks/01_token_generation.ipynb, cell 29
-    def _cut_stop_string(self) -> bool:
-        hits = [(self.text.find(s), s) for s in self.params.stop if s in self.text]
+    # notebooks/01_token_generation.ipynb, cell 30
+    def _decode(self, tokenizer, token_ids: list[int]) -> str:
+        return tokenizer.decode(token_ids, skip_special_tokens=self.params.skip_special_tokens)
+
+    # notebooks/01_token_generation.ipynb, cell 30
+    def _cut_stop_string(self, searched: int = 0) -> bool:
+        """Cut the text at the earliest stop string that ends after text[:searched] (already searched)."""
+        hits = [(i, s) for s in self.params.stop if (i := self.text.find(s, max(0, searched - len(s) + 1))) >= 0]
         if not hits:
             return False
         index, stop = min(hits)
-        self.text = self.text[:index]
+        self.text = self.text[:index + len(stop) if self.params.include_stop_str_in_output else index]
         self.finish("stop", stop)
         return True
 
-    # notebooks/06_fast_sampling.ipynb, cell 48
+    # notebooks/06_fast_sampling.ipynb, cell 49
     def record_sampling_mask(self, mask: list[int] | None, logz: float) -> None:
         """Keep the support the next token is drawn from; None (nothing truncated) makes the whole mask None."""
         self.sampling_logz.append(logz)
@@ -104,6 +121,6 @@ class Sequence:
             self.sampling_mask.append(mask)
 
 
-# notebooks/06_fast_sampling.ipynb, cell 48
+# notebooks/06_fast_sampling.ipynb, cell 49
 def _copy(values: list | None) -> list | None:
     return None if values is None else list(values)

@@ -20,7 +20,7 @@ from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.sequence import Sequence
 
 
-# notebooks/01_token_generation.ipynb, cell 31
+# notebooks/01_token_generation.ipynb, cell 32
 Prompt = str | dict   # a string, or {"prompt_token_ids": [...]} for callers that tokenize themselves
 
 
@@ -53,12 +53,12 @@ def as_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
-# notebooks/01_token_generation.ipynb, cell 32
+# notebooks/01_token_generation.ipynb, cell 33
 class LLMEngine:
     """Requests in, outputs out, one step at a time: add_request(), then step() until
     has_unfinished_requests() is False."""
 
-    # notebooks/06_fast_sampling.ipynb, cell 61
+    # notebooks/06_fast_sampling.ipynb, cell 62
     def __init__(self, model: str | None = None, *, dtype: str | torch.dtype = "auto", seed: int = 0,
                  device: str | torch.device | None = None, block_size: int = 16, num_kv_blocks: int | None = None,
                  kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
@@ -94,7 +94,7 @@ class LLMEngine:
         self.eos_token_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         self.eos_token_ids.discard(None)
 
-    # notebooks/01_token_generation.ipynb, cell 34
+    # notebooks/01_token_generation.ipynb, cell 35
     def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             return prompt, self.tokenizer(prompt).input_ids
@@ -102,7 +102,7 @@ class LLMEngine:
             return prompt.get("prompt"), list(prompt["prompt_token_ids"])
         raise ValueError(f"a prompt is a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
 
-    # notebooks/06_fast_sampling.ipynb, cell 62
+    # notebooks/06_fast_sampling.ipynb, cell 63
     def make_sequence(self, request_id: str, prompt: Prompt, params: SamplingParams | None) -> Sequence:
         """Tokenize and check a request; a bad one raises ValueError naming what is wrong."""
         text, ids = self.tokenize(prompt)
@@ -140,7 +140,6 @@ class LLMEngine:
             if seq is not None:
                 self.scheduler.remove(seq)
 
-
     # notebooks/03_continuous_batching.ipynb, cell 30
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -168,7 +167,7 @@ class LLMEngine:
         with self.device_context():
             return self.runner.run(batch, self.scheduler.block_manager.block_tables)
 
-    # notebooks/06_fast_sampling.ipynb, cell 62
+    # notebooks/06_fast_sampling.ipynb, cell 63
     def pick_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """Every sampling row at once, one device->host transfer; records masks for the requests that ask."""
         out = sample(logits, [seq.params for seq in seqs], [seq.generator for seq in seqs], self.generator)

@@ -15,6 +15,16 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 # notebooks/01_token_generation.ipynb, cell 4
+def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Drop the tokens less likely than min_p times the most likely one; min_p 0 keeps everything."""
+    if min_p <= 0:
+        return logits
+    probs = logits.softmax(dim=-1)
+    too_unlikely = probs < min_p * probs.max(dim=-1, keepdim=True).values
+    return logits.masked_fill(too_unlikely, float("-inf"))
+
+
+# notebooks/01_token_generation.ipynb, cell 4
 def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     """Keep the top_k largest logits of the last dimension; top_k <= 0 or >= vocab keeps everything."""
     if top_k <= 0 or top_k >= logits.shape[-1]:
@@ -36,20 +46,20 @@ def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(remove, float("-inf"))
 
 
-# notebooks/01_token_generation.ipynb, cell 10
+# notebooks/01_token_generation.ipynb, cell 11
 def filtered_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Temperature, then top-k, then top-p (on the renormalised top-k distribution). Greedy keeps the argmax."""
+    """Temperature, min-p, top-k, then top-p (on the renormalised top-k distribution). Greedy keeps the argmax."""
     if params.greedy:
         return torch.full_like(logits, float("-inf"), dtype=torch.float32).scatter(-1, logits.argmax(-1, keepdim=True), 0.0)
-    logits = apply_temperature(logits.float(), params.temperature)
+    logits = apply_min_p(apply_temperature(logits.float(), params.temperature), params.min_p)
     return apply_top_p(apply_top_k(logits, params.top_k), params.top_p)
 
 
-# notebooks/06_fast_sampling.ipynb, cell 50
+# notebooks/06_fast_sampling.ipynb, cell 51
 SAMPLING_MASK_CAP = 2048   # the most vocabulary ids one sampling mask lists
 
 
-# notebooks/06_fast_sampling.ipynb, cell 50
+# notebooks/06_fast_sampling.ipynb, cell 51
 @dataclass
 class SamplerOutput:
     token_ids: list[int]
@@ -167,7 +177,7 @@ def draw_truncated(logits: torch.Tensor, params: list[SamplingParams], generator
     return torch.where(cand.complete, tokens, -1), cand
 
 
-# notebooks/06_fast_sampling.ipynb, cell 52
+# notebooks/06_fast_sampling.ipynb, cell 53
 def sampling_masks(logits: torch.Tensor, params: list[SamplingParams], token_ids: list[int],
                    candidates: dict[int, tuple[Candidates, int]]) -> tuple[list, list]:
     """For each row of logits (B, V) that asks: the sorted ids its token was drawn from, and logZ, the log of the
@@ -209,7 +219,7 @@ def sampling_masks(logits: torch.Tensor, params: list[SamplingParams], token_ids
     return masks, logz
 
 
-# notebooks/06_fast_sampling.ipynb, cell 54
+# notebooks/06_fast_sampling.ipynb, cell 55
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
            generator: torch.Generator | None = None) -> SamplerOutput:
     """One token per row of logits (B, V), each row with its own parameters, in one device->host transfer
