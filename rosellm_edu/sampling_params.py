@@ -1,4 +1,4 @@
-# Generated from notebooks/01_token_generation.ipynb, notebooks/06_fast_sampling.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/01_token_generation.ipynb, notebooks/04_paged_attention.ipynb, notebooks/06_fast_sampling.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 

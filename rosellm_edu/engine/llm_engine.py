@@ -12,6 +12,7 @@ import torch
 from rosellm_edu.engine.block_manager import BlockManager
 from rosellm_edu.engine.kv_cache import KVCache, blocks_in_budget
 from rosellm_edu.engine.model_runner import ModelRunner
+from rosellm_edu.engine.parallel_sampling import child_id, sample_params
 from rosellm_edu.engine.scheduler import ScheduledSeq, Scheduler
 from rosellm_edu.layers.sampler import sample
 from rosellm_edu.model_loader import load_model, load_tokenizer, resolve_model
@@ -117,48 +118,53 @@ class LLMEngine:
         seeded = None if params.seed is None else torch.Generator(self.device).manual_seed(params.seed)
         return Sequence(request_id, text, ids, params, generator=seeded)
 
-    # notebooks/04_paged_attention.ipynb, cell 66
+    # notebooks/04_paged_attention.ipynb, cell 102
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
-        if self.scheduler.find(request_id) is not None:
+        if self.scheduler.find(request_id) is not None or request_id in self.scheduler.parents:     # samples
             raise ValueError(f"request {request_id!r} is already running")
         seq = self.make_sequence(request_id, prompt, params)
         # A sequence that cannot fit alone in the whole cache would preempt itself forever.
-        longest = min(len(seq) + seq.params.max_tokens, self.max_model_len)
+        longest = min(len(seq) + (seq.params.max_tokens or self.max_model_len), self.max_model_len)  # None
         needed = self.scheduler.block_manager.blocks_needed(longest)
         if needed > self.kv_cache.num_blocks:
             raise ValueError(f"request {request_id!r} needs {needed} KV blocks at its longest (prompt + max_tokens) "
                              f"but the cache has {self.kv_cache.num_blocks}; lower max_tokens or give the cache "
                              "more memory")
+        if seq.params.n > self.scheduler.max_num_seqs:
+            raise ValueError(f"request {request_id!r} asks for n={seq.params.n} samples but the engine runs at most "
+                             f"max_num_seqs={self.scheduler.max_num_seqs} sequences at once")
         self.scheduler.add(seq)
 
-    # notebooks/03_continuous_batching.ipynb, cell 30
+    # notebooks/04_paged_attention.ipynb, cell 102
     def abort_request(self, request_id: str | Iterable[str]) -> None:
-        """Abort one request or several; an unknown or finished id is ignored, as vLLM does (NEW): a caller
-        racing the engine (a client leaving as its request finishes) must not crash it."""
+        """Abort one request or several, all n samples of each (NEW); an unknown or finished id is ignored, as vLLM
+        does: a caller racing the engine (a client leaving as its request finishes) must not crash it."""
         for rid in [request_id] if isinstance(request_id, str) else request_id:
-            seq = self.scheduler.find(rid)
-            if seq is not None:
-                self.scheduler.remove(seq)
+            self.scheduler.abort(rid)
 
     # notebooks/03_continuous_batching.ipynb, cell 30
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    # notebooks/03_continuous_batching.ipynb, cell 32
+    # notebooks/04_paged_attention.ipynb, cell 99
     @torch.no_grad()
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
         if not batch:
             return []
-        logits = self.forward(batch)
+        self.kv_cache.copy_blocks(self.scheduler.block_manager.take_copies())  # copy-on-write, before any write
+        logits = self.forward(batch)                                            # (sampling rows, vocab)
         self.scheduler.computed(batch)
         sampling = [s.seq for s in batch if s.samples]
-        outputs = []
-        for seq, token in zip(sampling, self.pick_tokens(sampling, logits)):
+        seqs, rows = self.fork_samples(sampling)                                # n > 1
+        if len(seqs) > len(sampling):                                           # a fork samples from its
+            logits = logits[torch.tensor(rows, device=logits.device)]           # parent's row: (seqs, vocab)
+        for seq, token in zip(seqs, self.pick_tokens(seqs, logits)):
             seq.append_token(token, self.tokenizer, self.eos_token_ids, self.max_model_len)
+        outputs = self.request_outputs(seqs)                                    # one per request
+        for seq in seqs:
             if seq.finished:
                 self.scheduler.remove(seq)
-            outputs.append(seq.output())
         return outputs
 
     # notebooks/05_cuda_graphs.ipynb, cell 37
@@ -181,6 +187,40 @@ class LLMEngine:
         """total_blocks, free_blocks, cached_blocks (free but holding a reusable prefix), prefix_hit_rate (new
         requests' prompt tokens found cached) and resumed_hit_rate (the same for preempted sequences readmitted)."""
         return self.scheduler.block_manager.stats()
+
+    # notebooks/04_paged_attention.ipynb, cell 100
+    def fork_samples(self, sampling: list[Sequence]) -> tuple[list[Sequence], list[int]]:
+        """The sequences that sample this step, each followed by the samples it forks, and each one's logits row."""
+        seqs, rows = [], []
+        for row, seq in enumerate(sampling):
+            family = [seq] + self.fork(seq)
+            seqs += family
+            rows += [row] * len(family)
+        return seqs, rows
+
+    # notebooks/04_paged_attention.ipynb, cell 100
+    def fork(self, seq: Sequence) -> list[Sequence]:
+        """Samples 1..n-1 of seq's request, the first time seq samples; [] for every other sequence and step."""
+        parent = self.scheduler.parents.get(seq.request_id)
+        if parent is None or parent.forked:
+            return []
+        prompt = {"prompt": seq.prompt, "prompt_token_ids": seq.prompt_token_ids}   # tokenized once, at add_request
+        children = [self.make_sequence(child_id(seq.request_id, i), prompt, sample_params(seq.params, i))
+                    for i in range(1, parent.n)]
+        for child in children:
+            self.scheduler.fork(seq, child)
+        return children
+
+    # notebooks/04_paged_attention.ipynb, cell 100
+    def request_outputs(self, seqs: list[Sequence]) -> list[RequestOutput]:
+        """One RequestOutput per request that sampled: a request with n > 1 reports all its samples in one."""
+        outputs = {}
+        for seq in seqs:
+            parent = self.scheduler.parents.get(seq.request_id)
+            key = parent.request_id if parent else seq.request_id
+            if key not in outputs:
+                outputs[key] = parent.output() if parent else seq.output()
+        return list(outputs.values())
 
     # notebooks/05_cuda_graphs.ipynb, cell 37
     def device_context(self):

@@ -68,7 +68,7 @@ class SamplerOutput:
 
 
 # notebooks/06_fast_sampling.ipynb, cell 13
-TOP_P_CANDIDATES = 1024    # top-p without top-k first looks at this many tokens, then falls back to a full sort
+TOP_P_CANDIDATES = 1024    # top-p or min-p without top-k first looks at this many tokens, then at all of them
 
 
 # notebooks/06_fast_sampling.ipynb, cell 13
@@ -79,8 +79,8 @@ def effective_top_k(params: SamplingParams, vocab_size: int) -> int:
 
 # notebooks/06_fast_sampling.ipynb, cell 13
 def candidate_width(params: SamplingParams, vocab_size: int, whole: bool = False) -> int:
-    """How many of its most likely tokens a row looks at: its top k; for top-p alone TOP_P_CANDIDATES, or the
-    whole vocabulary when those fell short."""
+    """How many of its most likely tokens a row looks at: its top k; without top-k (top-p or min-p alone)
+    TOP_P_CANDIDATES, or the whole vocabulary when those fell short."""
     top_k = effective_top_k(params, vocab_size)
     return top_k if top_k < vocab_size or whole else min(vocab_size, TOP_P_CANDIDATES)
 
@@ -88,7 +88,8 @@ def candidate_width(params: SamplingParams, vocab_size: int, whole: bool = False
 # notebooks/06_fast_sampling.ipynb, cell 13
 def truncates(params: SamplingParams, vocab_size: int) -> bool:
     """Does a request draw from less than the whole vocabulary?"""
-    return params.greedy or effective_top_k(params, vocab_size) < vocab_size or params.top_p < 1
+    return (params.greedy or effective_top_k(params, vocab_size) < vocab_size or params.top_p < 1
+            or params.min_p > 0)
 
 
 # notebooks/06_fast_sampling.ipynb, cell 15
@@ -110,28 +111,32 @@ class Candidates:
 
 # notebooks/06_fast_sampling.ipynb, cell 16
 def top_k_top_p_candidates(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
-                           widths: list[int]) -> Candidates:
-    """Chapter 01's filter (temperature, top-k, renormalise, top-p keeping the token that crosses p) computed on
+                           widths: list[int], min_p: list[float] | None = None) -> Candidates:
+    """Chapter 01's filter (temperature, min-p, top-k, renormalise, top-p keeping the token that crosses p) on
     each row's `widths[row]` most likely tokens of logits (n, V), instead of on a sort of the whole vocabulary.
-    Per row: top_k clamped to [1, V] (V = off), widths[row] == top_k[row] where top-k is on; top_p 1 = off."""
+    Per row: top_k clamped to [1, V] (V = off), widths[row] == top_k[row] where top-k is on; top_p 1, min_p 0 = off."""
     vocab_size, device = logits.shape[1], logits.device
     width = torch.tensor(widths, device=device)[:, None]               # (n, 1)
     p = torch.tensor(top_p, device=device)[:, None]                     # (n, 1)
     p_off = torch.tensor([x >= 1 for x in top_p], device=device)[:, None]  # decided exactly: 1 - 1e-16 is on
     t = torch.tensor(temperature, device=device)[:, None]               # (n, 1)
+    log_min_p = torch.tensor(min_p or [0.0] * len(widths), device=device).log()[:, None]  # (n, 1), -inf: off
     top, ids = logits.topk(max(widths), dim=-1)                        # (n, K), sorted descending
     scaled = top.float() / t                                           # temperature keeps the order: scale K, not V
-    in_width = torch.arange(scaled.shape[1], device=device) < width    # (n, K)
-    # top-k renormalises over the top k ...
+    # min-p keeps p >= min_p * p_max, that is logit >= the top logit + log(min_p): a prefix of the candidates
+    in_width = (torch.arange(scaled.shape[1], device=device) < width) & (scaled >= scaled[:, :1] + log_min_p)
+    # top-k renormalises over the top k (of what min-p kept) ...
     probs = scaled.masked_fill(~in_width, -torch.inf).softmax(dim=-1)  # (n, K)
     off = [i for i, k in enumerate(top_k) if k == vocab_size]
-    if off:  # ... but top-p alone reads the whole vocabulary's distribution
-        whole = (rows(logits, off).float() / t[off]).softmax(dim=-1)   # (n_off, V)
-        probs[off] = whole.gather(-1, ids[off]) * in_width[off]
+    if off:  # ... but top-p alone reads the whole vocabulary's distribution (after min-p)
+        whole = rows(logits, off).float() / t[off]                     # (n_off, V)
+        whole = whole.masked_fill(whole < whole.max(dim=-1, keepdim=True).values + log_min_p[off], -torch.inf)
+        probs[off] = whole.softmax(dim=-1).gather(-1, ids[off]) * in_width[off]
     mass_before = probs.cumsum(dim=-1) - probs
     kept = in_width & ((mass_before < p) | p_off)                      # the token that crosses p stays
     top_k_on = torch.tensor([k < vocab_size for k in top_k], device=device)
-    complete = top_k_on | (width[:, 0] == vocab_size) | (probs.sum(dim=-1) >= p[:, 0])
+    last = in_width.gather(-1, width - 1)[:, 0]                        # False: min-p ended inside the candidates
+    complete = top_k_on | (width[:, 0] == vocab_size) | ~last | ((probs.sum(dim=-1) >= p[:, 0]) & ~p_off[:, 0])
     probs = probs * kept
     return Candidates(ids, scaled, kept, probs / probs.sum(dim=-1, keepdim=True), complete)
 
@@ -171,7 +176,8 @@ def draw_truncated(logits: torch.Tensor, params: list[SamplingParams], generator
     vocab_size = logits.shape[1]
     top_k = [effective_top_k(p, vocab_size) for p in params]
     widths = [candidate_width(p, vocab_size, whole) for p in params]
-    cand = top_k_top_p_candidates(logits, [p.temperature for p in params], top_k, [p.top_p for p in params], widths)
+    cand = top_k_top_p_candidates(logits, [p.temperature for p in params], top_k, [p.top_p for p in params], widths,
+                                  [p.min_p for p in params])
     choice = random_sample(cand.probs, widths, generators, generator)                  # (n,) positions
     tokens = cand.ids.gather(-1, choice[:, None]).squeeze(-1)                           # (n,) vocabulary ids
     return torch.where(cand.complete, tokens, -1), cand
