@@ -120,6 +120,12 @@ class Sequence:
         else:
             self.sampling_mask.append(mask)
 
+    # notebooks/06_fast_sampling.ipynb, cell 85
+    def record_logprobs(self, logprobs: dict[int, Logprob], token: int) -> None:
+        """The sampled token's {id: Logprob}, before the token is appended."""
+        self.logprobs.append(logprobs)
+        self.cumulative_logprob += logprobs[token].logprob
+
 
 # notebooks/06_fast_sampling.ipynb, cell 49
 def _copy(values: list | None) -> list | None:

@@ -1,4 +1,4 @@
-# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/06_fast_sampling.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -37,6 +37,7 @@ def share(part: int, whole: int) -> float:
 class BlockManager:
     """Fixed-size KV blocks handed out on demand, shared through reference counts, cached by prefix."""
 
+    # notebooks/04_paged_attention.ipynb, cell 84
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         self.block_size, self.enable_prefix_caching = block_size, enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
@@ -46,14 +47,18 @@ class BlockManager:
         self.num_hashed: dict[str, int] = {}              # leading blocks of a sequence that have a hash
         self.queried_tokens = self.hit_tokens = 0                   # new requests' prompt tokens, and cache hits
         self.resumed_queried_tokens = self.resumed_hit_tokens = 0   # the same for preempted sequences readmitted
+        self.copies: list[tuple[int, int]] = []           # (src, dst) blocks whose K/V to copy before the forward
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    # notebooks/06_fast_sampling.ipynb, cell 92
     def prefix_hits(self, seq: Sequence) -> list[int]:
-        """Cached blocks that hold the start of seq. The last token is never a hit: its logits are needed."""
+        """Cached blocks that hold the start of seq. The last token is never a hit: its logits are needed. Nor is any
+        token of a sequence that still owes prompt logprobs: those need the logits of every prompt position (NEW)."""
         hits, prev = [], None
-        if self.enable_prefix_caching:
+        owes = seq.prompt_logprobs is not None and len(seq.prompt_logprobs) < len(seq.prompt_token_ids)
+        if self.enable_prefix_caching and not owes:
             ids = seq.token_ids
             for start in range(0, len(ids) - 1 - self.block_size + 1, self.block_size):
                 tokens = tuple(ids[start:start + self.block_size])
@@ -84,13 +89,18 @@ class BlockManager:
             self.hit_tokens += len(hits) * self.block_size
         return len(hits) * self.block_size
 
-    # notebooks/04_paged_attention.ipynb, cell 13
-    def ensure(self, seq: Sequence, num_tokens: int) -> bool:
-        """Grow seq's block table to hold num_tokens; False (nothing taken) if the blocks are not there."""
+    # notebooks/04_paged_attention.ipynb, cell 85
+    def ensure(self, seq: Sequence, num_computed: int, num_tokens: int) -> bool:
+        """Grow seq's block table to hold num_tokens, and give seq its own copy of every shared block that positions
+        num_computed onward write into (NEW); False (nothing changed) if the free blocks do not suffice."""
         table = self.block_tables[seq.request_id]
+        first = num_computed // self.block_size
+        shared = [i for i in range(first, len(table)) if self.blocks[table[i]].ref_count > 1]
         more = self.blocks_needed(num_tokens) - len(table)
-        if more > len(self.free_blocks):
+        if more + len(shared) > len(self.free_blocks):                                    # copies need blocks
             return False
+        for i in shared:                                                                   # copy-on-write
+            table[i] = self.copy_on_write(table[i])
         table += [self._take_free() for _ in range(more)]
         return True
 
@@ -142,3 +152,26 @@ class BlockManager:
                 "cached_blocks": sum(self.cached.get(self.blocks[b].hash) == b for b in self.free_blocks),
                 "prefix_hit_rate": share(self.hit_tokens, self.queried_tokens),
                 "resumed_hit_rate": share(self.resumed_hit_tokens, self.resumed_queried_tokens)}
+
+    # notebooks/04_paged_attention.ipynb, cell 84
+    def fork(self, parent_id: str, child_id: str) -> None:
+        """The child shares all the parent's blocks: the same table, one more reference on each block."""
+        table = self.block_tables[parent_id]
+        for b in table:
+            self.blocks[b].ref_count += 1
+        self.block_tables[child_id] = list(table)
+        self.num_hashed[child_id] = self.num_hashed[parent_id]
+
+    # notebooks/04_paged_attention.ipynb, cell 85
+    def copy_on_write(self, src: int) -> int:
+        """A private copy of shared block src: a free block, and a note to copy src's K/V into it."""
+        dst = self._take_free()
+        self.blocks[src].ref_count -= 1                     # others still use src: it stays where it is
+        self.copies.append((src, dst))
+        return dst
+
+    # notebooks/04_paged_attention.ipynb, cell 85
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The copies recorded since the last call, for the engine to make before its forward pass."""
+        copies, self.copies = self.copies, []
+        return copies

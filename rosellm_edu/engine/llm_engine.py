@@ -14,9 +14,10 @@ from rosellm_edu.engine.kv_cache import KVCache, blocks_in_budget
 from rosellm_edu.engine.model_runner import ModelRunner
 from rosellm_edu.engine.parallel_sampling import child_id, sample_params
 from rosellm_edu.engine.scheduler import ScheduledSeq, Scheduler
-from rosellm_edu.layers.sampler import sample
+from rosellm_edu.layers.logits_processors import apply_logits_processors
+from rosellm_edu.layers.sampler import logprob_dict, logprob_table, sample
 from rosellm_edu.model_loader import load_model, load_tokenizer, resolve_model
-from rosellm_edu.outputs import RequestOutput
+from rosellm_edu.outputs import Logprob, RequestOutput
 from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.sequence import Sequence
 
@@ -103,7 +104,7 @@ class LLMEngine:
             return prompt.get("prompt"), list(prompt["prompt_token_ids"])
         raise ValueError(f"a prompt is a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
 
-    # notebooks/06_fast_sampling.ipynb, cell 63
+    # notebooks/06_fast_sampling.ipynb, cell 87
     def make_sequence(self, request_id: str, prompt: Prompt, params: SamplingParams | None) -> Sequence:
         """Tokenize and check a request; a bad one raises ValueError naming what is wrong."""
         text, ids = self.tokenize(prompt)
@@ -115,6 +116,7 @@ class LLMEngine:
             raise ValueError(f"request {request_id!r}: the prompt has {len(ids)} tokens but the model's context "
                              f"holds {self.max_model_len}, leaving no room to generate")
         params = params or SamplingParams()
+        self.check_params(request_id, params)
         seeded = None if params.seed is None else torch.Generator(self.device).manual_seed(params.seed)
         return Sequence(request_id, text, ids, params, generator=seeded)
 
@@ -167,19 +169,33 @@ class LLMEngine:
                 self.scheduler.remove(seq)
         return outputs
 
-    # notebooks/05_cuda_graphs.ipynb, cell 37
+    # notebooks/06_fast_sampling.ipynb, cell 90
     def forward(self, batch: list[ScheduledSeq]) -> torch.Tensor:
-        """Logits (sampling rows, vocab) of one step."""
+        """Logits (sampling rows, vocab) of one step; records the prompt logprobs this step's chunks owe."""
+        owed = [prompt_logprob_positions(s) for s in batch]
+        tables = self.scheduler.block_manager.block_tables
         with self.device_context():
-            return self.runner.run(batch, self.scheduler.block_manager.block_tables)
+            if not any(owed):
+                return self.runner.run(batch, tables)
+            logits = self.runner.run_eager(batch, [tables[s.seq.request_id] for s in batch], owed)
+        sampling = sum(s.samples for s in batch)
+        self.record_prompt_logprobs(batch, owed, logits[sampling:])
+        return logits[:sampling]
 
-    # notebooks/06_fast_sampling.ipynb, cell 63
+    # notebooks/06_fast_sampling.ipynb, cell 86
     def pick_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
-        """Every sampling row at once, one device->host transfer; records masks for the requests that ask."""
-        out = sample(logits, [seq.params for seq in seqs], [seq.generator for seq in seqs], self.generator)
-        for seq, mask, logz in zip(seqs, out.sampling_masks, out.sampling_logz):
+        """Every sampling row at once, one device->host transfer; records masks and logprobs for the requests that
+        ask. The logprobs are of the model's raw logits, before the logits processors (vLLM's default)."""
+        params = [seq.params for seq in seqs]
+        processed = apply_logits_processors(logits, params, [s.prompt_token_ids for s in seqs],
+                                            [s.output_token_ids for s in seqs], self.eos_token_ids)
+        out = sample(processed, params, [s.generator for s in seqs], self.generator, raw_logits=logits)
+        for seq, token, mask, logz, logprobs in zip(seqs, out.token_ids, out.sampling_masks, out.sampling_logz,
+                                                    out.logprobs):
             if seq.params.return_sampling_mask:
                 seq.record_sampling_mask(mask, logz)
+            if logprobs is not None:
+                seq.record_logprobs(self.with_text(logprobs), token)
         return out.token_ids
 
     # notebooks/04_paged_attention.ipynb, cell 66
@@ -227,6 +243,37 @@ class LLMEngine:
         """Make the engine's GPU the current one (graph capture and Triton launch on the current device)."""
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
+    # notebooks/06_fast_sampling.ipynb, cell 86
+    def with_text(self, logprobs: dict[int, Logprob]) -> dict[int, Logprob]:
+        """Each entry's decoded_token: its id decoded alone."""
+        for entry, text in zip(logprobs.values(), self.tokenizer.batch_decode([[t] for t in logprobs])):
+            entry.decoded_token = text
+        return logprobs
+
+    # notebooks/06_fast_sampling.ipynb, cell 87
+    def check_params(self, request_id: str, params: SamplingParams) -> None:
+        """What SamplingParams cannot check alone: token ids inside this model's vocabulary, logprobs under the cap."""
+        for name, ids in [("logit_bias", list(params.logit_bias or {})), ("stop_token_ids", params.stop_token_ids)]:
+            if not all(0 <= t < self.vocab_size for t in ids):
+                raise ValueError(f"request {request_id!r}: SamplingParams.{name} holds token ids outside "
+                                 f"[0, {self.vocab_size}), got {sorted(t for t in ids if not 0 <= t < self.vocab_size)}")
+        for name in ("logprobs", "prompt_logprobs"):
+            if (getattr(params, name) or 0) > MAX_LOGPROBS:
+                raise ValueError(f"request {request_id!r}: SamplingParams.{name} must be at most {MAX_LOGPROBS}, "
+                                 f"got {getattr(params, name)}")
+
+    # notebooks/06_fast_sampling.ipynb, cell 90
+    def record_prompt_logprobs(self, batch: list[ScheduledSeq], owed: list[range], logits: torch.Tensor) -> None:
+        """logits (positions owed, V), in batch order: one table and one transfer for the whole step."""
+        targets = [s.seq.prompt_token_ids[p + 1] for s, span in zip(batch, owed) for p in span]
+        num_top = max(s.seq.params.prompt_logprobs for s, span in zip(batch, owed) if span)
+        table = logprob_table(logits, torch.tensor(targets, device=logits.device), num_top).tolist()
+        done = 0
+        for s, span in zip(batch, owed):
+            for row, token in zip(table[done:done + len(span)], targets[done:done + len(span)]):
+                s.seq.prompt_logprobs.append(self.with_text(logprob_dict(row, token, s.seq.params.prompt_logprobs)))
+            done += len(span)
+
 
 # notebooks/03_continuous_batching.ipynb, cell 28
 def check_sizes(**sizes: int | None) -> None:
@@ -234,3 +281,18 @@ def check_sizes(**sizes: int | None) -> None:
     for name, value in sizes.items():
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ValueError(f"LLMEngine {name} must be a positive integer, got {value!r}")
+
+
+# notebooks/06_fast_sampling.ipynb, cell 86
+MAX_LOGPROBS = 20   # the most alternatives a request may ask for, per token (vLLM's default max_logprobs)
+
+
+# notebooks/06_fast_sampling.ipynb, cell 90
+def prompt_logprob_positions(s: ScheduledSeq) -> range:
+    """The positions this step computes whose logits give a prompt logprob still owed (position p gives prompt
+    token p + 1's); empty when the request did not ask."""
+    recorded = s.seq.prompt_logprobs
+    if recorded is None:
+        return range(0)
+    first = max(s.num_computed, len(recorded) - 1)      # recorded[i] is token i's: positions < len - 1 are done
+    return range(first, min(s.num_computed + s.num_new, len(s.seq.prompt_token_ids) - 1))

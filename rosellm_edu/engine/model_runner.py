@@ -1,4 +1,4 @@
-# Generated from notebooks/05_cuda_graphs.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/05_cuda_graphs.ipynb, notebooks/06_fast_sampling.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -68,13 +68,17 @@ class ModelRunner:
         self.graphs[rows].replay()
         return self.logits[:n].clone()                        # the buffer is overwritten by the next step
 
-    # notebooks/05_cuda_graphs.ipynb, cell 25
-    def run_eager(self, batch: list[ScheduledSeq], tables: list[list[int]]) -> torch.Tensor:
-        """One forward pass over the batch's new tokens, with attention metadata built for this batch."""
-        ids, positions, last_rows, start = [], [], [], 0
-        for s in batch:
+    # notebooks/06_fast_sampling.ipynb, cell 89
+    def run_eager(self, batch: list[ScheduledSeq], tables: list[list[int]],
+                  keep: list[range] | None = None) -> torch.Tensor:
+        """One forward pass over the batch's new tokens, with attention metadata built for this batch. Logits of the
+        sampling rows, in batch order, then (NEW) those of the positions keep[i] of each batch[i], in order."""
+        ids, positions, last_rows, kept_rows, start = [], [], [], [], 0
+        for i, s in enumerate(batch):
             ids += s.seq.token_ids[s.num_computed:s.num_computed + s.num_new]
             positions += range(s.num_computed, s.num_computed + s.num_new)
+            if keep:
+                kept_rows += [start + p - s.num_computed for p in keep[i]]
             start += s.num_new
             if s.samples:
                 last_rows.append(start - 1)
@@ -82,7 +86,7 @@ class ModelRunner:
         ctx = PagedAttention.build(kv.k, kv.v, kv.block_size, tables, [s.num_computed for s in batch],
                                    [s.num_new for s in batch])
         hidden = self.model(torch.tensor(ids, device=device), torch.tensor(positions, device=device), ctx)
-        return self.model.compute_logits(hidden[last_rows])
+        return self.model.compute_logits(hidden[last_rows + kept_rows])            # kept rows after
 
     # notebooks/05_cuda_graphs.ipynb, cell 25
     def is_decode(self, batch: list[ScheduledSeq]) -> bool:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rosellm_edu.outputs import Logprob
 from rosellm_edu.sampling_params import SamplingParams
 
 
@@ -59,12 +60,68 @@ def filtered_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 SAMPLING_MASK_CAP = 2048   # the most vocabulary ids one sampling mask lists
 
 
-# notebooks/06_fast_sampling.ipynb, cell 51
+# notebooks/06_fast_sampling.ipynb, cell 78
+def logprob_table(raw_logits: torch.Tensor, token_ids: torch.Tensor, num_top: int) -> torch.Tensor:
+    """Per row of the model's raw logits (n, V): the log-probability of token_ids[row] and its rank (the number
+    of tokens at least as likely, as vLLM counts: 1 = the most likely), then the ids and log-probabilities of the
+    num_top most likely tokens. (n, 2 + 2 * num_top) float64, left on the device."""
+    logprobs = raw_logits.float().log_softmax(dim=-1)                    # (n, V) the model's own distribution
+    chosen = logprobs.gather(-1, token_ids[:, None])                     # (n, 1)
+    rank = (logprobs >= chosen).sum(dim=-1, keepdim=True)               # (n, 1)
+    top, top_ids = logprobs.topk(num_top, dim=-1)                       # (n, num_top), most likely first
+    return torch.cat([chosen.double(), rank.double(), top_ids.double(), top.double()], dim=-1)
+
+
+# notebooks/06_fast_sampling.ipynb, cell 78
+def logprob_dict(row: list[float], token: int, num_top: int) -> dict[int, Logprob]:
+    """One row of logprob_table, on the host, as {token id: Logprob}: the token, then its num_top best."""
+    width = (len(row) - 2) // 2                                          # the table's num_top
+    entries = {token: Logprob(row[0], int(row[1]))}
+    for r in range(num_top):
+        entries[int(row[2 + r])] = Logprob(row[2 + width + r], r + 1)
+    return entries
+
+
+# notebooks/06_fast_sampling.ipynb, cell 80
+def sampled_logprob_table(raw_logits: torch.Tensor, params: list[SamplingParams],
+                          tokens: torch.Tensor) -> torch.Tensor | None:
+    """logprob_table of the rows whose params ask for logprobs, None if none does. A token of -1 (top-p's
+    rare redraw, still to come) reads as 0 here; the caller computes those rows again."""
+    asking = [i for i, p in enumerate(params) if p.logprobs is not None]
+    if not asking:
+        return None
+    num_top = max(params[i].logprobs for i in asking)
+    return logprob_table(rows(raw_logits, asking), tokens[asking].clamp_min(0), num_top)
+
+
+# notebooks/06_fast_sampling.ipynb, cell 80
+def to_host(tokens: torch.Tensor, table: torch.Tensor | None) -> tuple[list[int], list[list[float]]]:
+    """The step's one device->host transfer: the token ids, and the logprob table when there is one."""
+    if table is None:
+        return tokens.tolist(), []
+    n, width = len(tokens), table.shape[1]
+    flat = torch.cat([tokens.double(), table.flatten()]).tolist()     # one tensor, one transfer
+    return [int(t) for t in flat[:n]], [flat[n + r * width:n + (r + 1) * width] for r in range(table.shape[0])]
+
+
+# notebooks/06_fast_sampling.ipynb, cell 80
+def logprob_dicts(params: list[SamplingParams], token_ids: list[int],
+                  table: list[list[float]]) -> list[dict[int, Logprob] | None]:
+    """Each row's {token id: Logprob}, None where it did not ask."""
+    asking = [i for i, p in enumerate(params) if p.logprobs is not None]
+    out = [None] * len(params)
+    for i, row in zip(asking, table):
+        out[i] = logprob_dict(row, token_ids[i], params[i].logprobs)
+    return out
+
+
+# notebooks/06_fast_sampling.ipynb, cell 82
 @dataclass
 class SamplerOutput:
     token_ids: list[int]
     sampling_masks: list[list[int] | None]  # sorted kept ids per row; None where not asked or nothing truncated
     sampling_logz: list[float | None]       # log of the kept softmax mass per row; None where not asked
+    logprobs: list[dict[int, Logprob] | None] | None = None  # per row {id: Logprob}; None where not asked
 
 
 # notebooks/06_fast_sampling.ipynb, cell 13
@@ -225,12 +282,12 @@ def sampling_masks(logits: torch.Tensor, params: list[SamplingParams], token_ids
     return masks, logz
 
 
-# notebooks/06_fast_sampling.ipynb, cell 55
+# notebooks/06_fast_sampling.ipynb, cell 83
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
-           generator: torch.Generator | None = None) -> SamplerOutput:
+           generator: torch.Generator | None = None, raw_logits: torch.Tensor | None = None) -> SamplerOutput:
     """One token per row of logits (B, V), each row with its own parameters, in one device->host transfer
-    (more only for rows that ask for a sampling mask, or when top-p alone needs a full sort).
-    generators[row]: the request's own generator when it has a seed, else None (it then uses `generator`)."""
+    (more only for rows that ask for a sampling mask, or when top-p alone needs a full sort). Logprobs come from
+    raw_logits, the model's own (default: logits). generators[row]: the request's own generator, or None."""
     vocab_size = logits.shape[1]
     tokens = torch.empty(len(params), dtype=torch.long, device=logits.device)
     greedy = [i for i, p in enumerate(params) if p.greedy]
@@ -247,11 +304,16 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
         tokens[cut], cand = draw_truncated(rows(logits, cut), [params[i] for i in cut],
                                            [generators[i] for i in cut], generator)
         candidates.update({row: (cand, j) for j, row in enumerate(cut)})
-    token_ids = tokens.tolist()                                                         # the one transfer
+    raw = logits if raw_logits is None else raw_logits
+    token_ids, table = to_host(tokens, sampled_logprob_table(raw, params, tokens))      # one transfer
     redo = [i for i in cut if token_ids[i] < 0]
     if redo:  # exact fallback: these rows' top-p set is larger than TOP_P_CANDIDATES, so sort them whole
         again, cand = draw_truncated(logits[redo], [params[i] for i in redo], [generators[i] for i in redo],
                                      generator, whole=True)
+        tokens[redo] = again
         for j, (row, token) in enumerate(zip(redo, again.tolist())):
             token_ids[row], candidates[row] = token, (cand, j)
-    return SamplerOutput(token_ids, *sampling_masks(logits, params, token_ids, candidates))
+        if table:                                                                       # rare
+            table = sampled_logprob_table(raw, params, tokens).tolist()
+    return SamplerOutput(token_ids, *sampling_masks(logits, params, token_ids, candidates),
+                         logprob_dicts(params, token_ids, table))
