@@ -5,8 +5,10 @@
 import asyncio
 import queue
 import threading
-from dataclasses import dataclass
-from typing import AsyncIterator
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import AsyncIterator, Callable, Iterable
 
 from rosellm_edu.outputs import RequestOutput
 from rosellm_edu.sampling_params import SamplingParams
@@ -19,44 +21,69 @@ class _Add:
     prompt: str | dict
     params: SamplingParams
     loop: asyncio.AbstractEventLoop   # the caller's event loop: outputs are handed over there
-    outputs: asyncio.Queue
+    outputs: asyncio.Queue            # deltas: each output holds only what is new since the one before
     added: asyncio.Future             # done when the engine accepted the request, or raised why not
+    sent: dict = field(default_factory=dict)   # per sample index: (tokens sent, characters sent, finished)
 
 
 # notebooks/07_serving.ipynb, cell 16
 @dataclass
 class _Abort:
-    request_id: str
+    request_ids: list[str]
+
+
+# notebooks/07_serving.ipynb, cell 16
+@dataclass
+class _Call:   # run fn(engine) in the engine thread, between steps (a snapshot of its stats, say)
+    fn: Callable
+    loop: asyncio.AbstractEventLoop
+    done: asyncio.Future
 
 
 # notebooks/07_serving.ipynb, cell 16
 _STOP = object()
 
 
-# notebooks/07_serving.ipynb, cell 18
+# notebooks/07_serving.ipynb, cell 17
+class RequestFailedError(RuntimeError):
+    """The engine could not finish this request (its step failed); the other requests go on."""
+
+
+# notebooks/07_serving.ipynb, cell 17
+class EngineDeadError(RuntimeError):
+    """The engine loop itself stopped: every open stream, and every request after it, gets this."""
+
+
+# notebooks/07_serving.ipynb, cell 19
 class AsyncLLMEngine:
     """An engine stepping in its own thread; callers in any event loop add requests and await their outputs.
 
-    Only the engine thread touches the engine: callers send it commands (add, abort) through a queue, and it
-    applies them between steps, so requests join and leave the running batch at step boundaries."""
+    Only the engine thread touches the engine: callers send it commands (add, abort, call) through a queue, and
+    it applies them between steps, so requests join and leave the running batch at step boundaries."""
+    max_failed_steps = 3   # this many failed steps in a row: the engine is broken, not a request
 
     def __init__(self, engine):
         self.engine = engine
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, _Add] = {}
+        self._lock = threading.Lock()     # orders "is it dead?" against "send a command"
+        self.errored: EngineDeadError | None = None
+        self.failed_steps = 0
+        self.step_times: deque = deque(maxlen=4096)   # (start, end) of each step, for measuring the loop
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
     async def add_request(self, request_id: str, prompt: str | dict,
                           params: SamplingParams) -> AsyncIterator[RequestOutput]:
-        """Add a request and return the stream of its outputs; raises ValueError if the engine refuses it."""
+        """Add a request and return the stream of its outputs, each holding only what is new (vLLM's
+        DELTA kind); raises ValueError if the engine refuses it, EngineDeadError if the engine is gone."""
         loop = asyncio.get_running_loop()
         command = _Add(request_id, prompt, params, loop, asyncio.Queue(), loop.create_future())
-        self._commands.put(command)
+        self._send(command)
         try:
             await command.added
         except asyncio.CancelledError:
-            self.abort(request_id)
+            self._send_abort([request_id])
             raise
         return self._outputs(request_id, command.outputs)
 
@@ -65,77 +92,138 @@ class AsyncLLMEngine:
         async for out in await self.add_request(request_id, prompt, params):
             yield out
 
-    # notebooks/07_serving.ipynb, cell 20
+    # notebooks/07_serving.ipynb, cell 21
     async def _outputs(self, request_id: str, outputs: asyncio.Queue) -> AsyncIterator[RequestOutput]:
         finished = False
         try:
             while not finished:
                 out = await outputs.get()
-                if isinstance(out, Exception):
+                if isinstance(out, Exception):   # this request failed, or the whole engine did
+                    finished = True
                     raise out
                 finished = out.finished
                 yield out
         finally:
             if not finished:   # the caller stopped listening (a client went away): free its KV blocks
-                self.abort(request_id)
+                self._send_abort([request_id])
 
-    # notebooks/07_serving.ipynb, cell 20
-    def abort(self, request_id: str) -> None:
-        self._commands.put(_Abort(request_id))
+    # notebooks/07_serving.ipynb, cell 21
+    async def abort(self, request_id: str | Iterable[str]) -> None:
+        """Abort requests; unknown and finished ids are ignored (awaitable, as vLLM's AsyncLLM.abort)."""
+        self._send_abort([request_id] if isinstance(request_id, str) else list(request_id))
 
-    # notebooks/07_serving.ipynb, cell 20
+    # notebooks/07_serving.ipynb, cell 21
+    def _send_abort(self, request_ids: list[str]) -> None:
+        if self.errored is None:   # a dead engine holds no request
+            self._commands.put(_Abort(request_ids))
+
+    # notebooks/07_serving.ipynb, cell 22
+    def _send(self, command) -> None:
+        with self._lock:
+            if self.errored is not None:
+                raise self.errored
+            self._commands.put(command)
+
+    # notebooks/07_serving.ipynb, cell 22
+    async def call(self, fn: Callable):
+        """fn(engine), run in the engine thread between two steps: the one safe way to read the engine."""
+        loop = asyncio.get_running_loop()
+        command = _Call(fn, loop, loop.create_future())
+        self._send(command)
+        return await command.done
+
+    # notebooks/07_serving.ipynb, cell 22
     def shutdown(self) -> None:
         self._commands.put(_STOP)
         self._thread.join()
 
-    # notebooks/07_serving.ipynb, cell 22
+    # notebooks/07_serving.ipynb, cell 24
     def _run(self) -> None:
-        while True:
-            # Sleep on the queue while there is nothing to run; otherwise only pick up what has arrived.
-            commands = [] if self.engine.has_unfinished_requests() else [self._commands.get()]
-            while not self._commands.empty():
-                commands.append(self._commands.get())
-            for command in commands:
-                if command is _STOP:
-                    for stream in self._streams.values():
-                        _post(stream.loop, stream.outputs.put_nowait, RuntimeError("the engine was shut down"))
-                    return
-                self._apply(command)
-            if self.engine.has_unfinished_requests():
-                self._step()
-
-    # notebooks/07_serving.ipynb, cell 22
-    def _apply(self, command) -> None:
-        if isinstance(command, _Abort):
-            if self._streams.pop(command.request_id, None) is not None:
-                self.engine.abort_request(command.request_id)
-            return
         try:
-            self.engine.add_request(command.request_id, command.prompt, command.params)
-        except Exception as e:  # a bad request is refused; it never reaches the batch
-            _post(command.loop, _settle, command.added, e)
-            return
-        self._streams[command.request_id] = command
-        _post(command.loop, _settle, command.added, None)
+            while True:
+                # Sleep on the queue while there is nothing to run; otherwise only pick up what has arrived.
+                commands = [] if self.engine.has_unfinished_requests() else [self._commands.get()]
+                while not self._commands.empty():
+                    commands.append(self._commands.get())
+                for command in commands:
+                    if command is _STOP:
+                        return self._die(EngineDeadError("the engine was shut down"))
+                    self._apply(command)
+                if self.engine.has_unfinished_requests():
+                    self._step()
+        except BaseException as e:   # the loop itself broke: no caller may be left waiting on it
+            self._die(e if isinstance(e, EngineDeadError) else EngineDeadError(f"the engine loop stopped: {e!r}"))
 
     # notebooks/07_serving.ipynb, cell 24
+    def _die(self, error: EngineDeadError) -> None:
+        """Errored for good: fail every open stream and every command still queued, refuse what comes after."""
+        with self._lock:
+            self.errored = error
+            while not self._commands.empty():
+                command = self._commands.get()
+                if isinstance(command, (_Add, _Call)):
+                    _post(command.loop, _settle, command.added if isinstance(command, _Add) else command.done, error)
+        for stream in self._streams.values():
+            _post(stream.loop, stream.outputs.put_nowait, error)
+        self._streams.clear()
+
+    # notebooks/07_serving.ipynb, cell 26
+    def _apply(self, command) -> None:
+        if isinstance(command, _Abort):
+            for request_id in command.request_ids:
+                self._streams.pop(request_id, None)
+            self.engine.abort_request(command.request_ids)   # unknown and finished ids are ignored
+        elif isinstance(command, _Call):
+            try:
+                _post(command.loop, _settle, command.done, None, command.fn(self.engine))
+            except Exception as e:
+                _post(command.loop, _settle, command.done, e)
+        else:
+            try:
+                self.engine.add_request(command.request_id, command.prompt, command.params)
+            except Exception as e:  # a bad request (or a tokenizer that fails on it) is refused; the batch never sees it
+                _post(command.loop, _settle, command.added, e)
+                return
+            self._streams[command.request_id] = command
+            _post(command.loop, _settle, command.added, None)
+
+    # notebooks/07_serving.ipynb, cell 26
     def _step(self) -> None:
+        start = time.perf_counter()
         try:
             outputs = self.engine.step()
-        except Exception as e:  # a failed step fails the requests in flight, not the server
-            for request_id, stream in list(self._streams.items()):
-                self._apply(_Abort(request_id))
-                _post(stream.loop, stream.outputs.put_nowait, RuntimeError(f"engine step failed: {e!r}"))
+        except Exception as e:   # fail the requests this step touched; those it left waiting go on
+            self.failed_steps += 1
+            waiting = {seq.request_id for seq in self.engine.scheduler.waiting}
+            touched = [rid for rid in self._streams if rid not in waiting]
+            self._fail(touched, RequestFailedError(f"the engine step failed: {e!r}"))
+            if self.failed_steps >= self.max_failed_steps:
+                raise EngineDeadError(f"{self.failed_steps} engine steps failed in a row, the last with {e!r}") from e
             return
+        self.failed_steps = 0
+        self.step_times.append((start, time.perf_counter()))
         for out in outputs:
-            stream = self._streams[out.request_id]
-            if out.finished:
-                del self._streams[out.request_id]
-            if not _post(stream.loop, stream.outputs.put_nowait, out) and not out.finished:
-                self._apply(_Abort(out.request_id))   # its event loop is gone
+            self._deliver(out)
+
+    # notebooks/07_serving.ipynb, cell 28
+    def _fail(self, request_ids: list[str], error: Exception) -> None:
+        self.engine.abort_request(request_ids)
+        for request_id in request_ids:
+            stream = self._streams.pop(request_id)
+            _post(stream.loop, stream.outputs.put_nowait, error)
+
+    # notebooks/07_serving.ipynb, cell 28
+    def _deliver(self, out: RequestOutput) -> None:
+        stream = self._streams.get(out.request_id)
+        if stream is None:
+            return
+        if out.finished:
+            del self._streams[out.request_id]
+        if not _post(stream.loop, stream.outputs.put_nowait, delta(out, stream)) and not out.finished:
+            self._apply(_Abort([out.request_id]))   # its event loop is gone
 
 
-# notebooks/07_serving.ipynb, cell 24
+# notebooks/07_serving.ipynb, cell 28
 def _post(loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
     """Run fn(*args) in loop's thread; False if that loop is closed."""
     try:
@@ -145,7 +233,29 @@ def _post(loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
         return False
 
 
-# notebooks/07_serving.ipynb, cell 24
-def _settle(future: asyncio.Future, error: Exception | None) -> None:
+# notebooks/07_serving.ipynb, cell 28
+def _settle(future: asyncio.Future, error: Exception | None, result=None) -> None:
     if not future.done():   # the caller may have been cancelled meanwhile
-        future.set_exception(error) if error else future.set_result(None)
+        future.set_exception(error) if error else future.set_result(result)
+
+
+# notebooks/07_serving.ipynb, cell 30
+def delta(out: RequestOutput, stream: _Add) -> RequestOutput:
+    """What is new in out since the stream's previous output: only new tokens, text, logprobs and masks.
+    Text that may still become a stop string, or is half a UTF-8 character, is held back (chapter 03)."""
+    hold = max(map(len, stream.params.stop), default=1) - 1
+    completions = []
+    for c in out.outputs:
+        tokens, chars, reported = stream.sent.get(c.index, (0, 0, False))
+        end = len(c.text) if c.finish_reason else max(len(c.text.rstrip("\ufffd")) - hold, chars)
+        if reported or (len(c.token_ids) == tokens and end == chars and not c.finish_reason):
+            continue   # nothing new for this sample
+        stream.sent[c.index] = (len(c.token_ids), end, c.finish_reason is not None)
+        cut = lambda xs: None if xs is None else xs[tokens:]   # noqa: E731
+        completions.append(replace(c, text=c.text[chars:end], token_ids=c.token_ids[tokens:],
+                                   logprobs=cut(c.logprobs), sampling_mask=cut(c.sampling_mask),
+                                   sampling_logz=cut(c.sampling_logz)))
+    first = "prompt" not in stream.sent
+    stream.sent.setdefault("prompt", out.prompt_token_ids)   # one list for every delta of this request
+    return replace(out, prompt_token_ids=stream.sent["prompt"], outputs=completions,
+                   prompt_logprobs=out.prompt_logprobs if first else None)
