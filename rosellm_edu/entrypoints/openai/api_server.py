@@ -5,6 +5,7 @@
 import asyncio
 import copy
 import logging
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -471,7 +472,7 @@ async def add_requests(raw: Request, request_id: str, prompts: list[tuple[str | 
     except BaseException as e:
         await engine.abort([f"{request_id}-{j}" for j in range(len(streams))])
         if isinstance(e, ValueError):   # refused by the engine (a KV cache too small for it): no internal ids
-            message = str(e).split(": ", 1)[-1] if str(e).startswith("request ") else str(e)
+            message = re.sub(r"request '[^']*'", "the request", re.sub(r"^request '[^']*': ", "", str(e)))
             raise OpenAIError(400, message) from e
         raise
     return streams
