@@ -355,6 +355,7 @@ def test_bench_command_drives_the_server_by_url_with_its_sampling_settings(serve
           "--temperature", "0.8", "--top-k", "20", "--json", str(out)])
     result = json.loads(out.read_text())["results"][0]
     assert (result["engine"], result["model"], result["requests"]) == ("openai", MODEL, 1)
-    assert result["completion_tokens"] == 64 and result["chunk_count_mismatches"] == 0
+    assert result["completion_tokens"] == 64 and result["token_count_mismatches"] == 0
     settings = [(p.temperature, p.top_k, p.top_p, p.max_tokens, p.ignore_eos) for p in received]
     assert settings == [(0.8, 20, 1.0, 64, True)]
+    assert result["dtype"] == "server's own"   # not the --dtypes default: a server picks its own

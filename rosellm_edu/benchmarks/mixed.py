@@ -175,6 +175,8 @@ def main(argv=None) -> None:
     results = []
     for dtype in args.dtypes.split(","):
         for engine in args.engines.split(","):
+            if engine == "openai" and dtype != args.dtypes.split(",")[0]:
+                continue   # a server runs in its own dtype: one run, whatever --dtypes says
             if engine == "llm":
                 runs = [run_llm(model_dir, dtype, requests, args.request_rate, engine_kwargs, sampling)]
             elif engine == "transformers":
@@ -186,26 +188,29 @@ def main(argv=None) -> None:
                 if not args.url:
                     raise SystemExit("--engines openai needs --url, e.g. --url http://127.0.0.1:8000/v1")
                 arrivals = arrival_times(len(requests), args.request_rate)
-                runs = [asyncio.run(run_openai(args.url, requests, arrivals, args.served_model_name, **sampling))]
+                tokenizer = model_loader.load_tokenizer(model_dir)   # counts tokens if the server's usage cannot
+                runs = [asyncio.run(run_openai(args.url, requests, arrivals, args.served_model_name,
+                                               tokenizer=tokenizer, **sampling))]
             else:
                 raise SystemExit(f"unknown engine {engine!r}; choose llm, transformers, naive or openai")
             for summary in runs:
-                title = f"{engine} {dtype}" + (f" batch={summary['batch_size']}" if engine == "transformers" else "")
+                title = f"{engine} {dtype if engine != 'openai' else '(the server chooses its dtype)'}" + (f" batch={summary['batch_size']}" if engine == "transformers" else "")
                 print(format_summary(summary, title), flush=True)
                 if "matmul_floor_s" in summary:
                     floor = summary["matmul_floor_s"]
                     print(f"Matmul floor: {floor:.2f} s, so at most {summary['completion_tokens'] / floor:.1f} "
                           f"tokens/s on this machine ({floor / summary['duration_s']:.0%} of the run)")
             best = max(runs, key=lambda s: s["throughput_tok_s"])
-            results.append({"engine": engine, "dtype": dtype, **best, "all_runs": runs})
+            label = "server's own" if engine == "openai" else dtype   # we cannot know a remote server's dtype
+            results.append({"engine": engine, "dtype": label, **best, "all_runs": runs})
 
     print("\n=== side by side (best run of each) ===")
-    for dtype in args.dtypes.split(","):
+    for dtype in dict.fromkeys(r["dtype"] for r in results):
         ours = next((r for r in results if r["engine"] == "llm" and r["dtype"] == dtype), None)
         for r in (r for r in results if r["dtype"] == dtype):
             ratio = f"  llm is {ours['throughput_tok_s'] / r['throughput_tok_s']:.1f}x" if ours and r is not ours else ""
             extra = f" (batch {r['batch_size']})" if r["engine"] == "transformers" else ""
-            print(f"{r['engine']:>12} {dtype:>8}: {r['throughput_tok_s']:8.1f} tokens/s{extra}{ratio}")
+            print(f"{r['engine']:>12} {dtype:>12}: {r['throughput_tok_s']:8.1f} tokens/s{extra}{ratio}")
     if args.json:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         machine = {"platform": platform.platform(), "processor": device_name(device), "torch": torch.__version__,

@@ -24,6 +24,8 @@ def serve(argv: list[str]) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--max-request-body-bytes", type=int, default=4 * 2**20,
+                        help="a larger request body is refused with 413 before it is parsed (default: 4 MiB)")
     args = parser.parse_args(argv)
 
     import uvicorn
@@ -43,7 +45,8 @@ def serve(argv: list[str]) -> None:
     name = args.served_model_name or args.model or EMBEDDED_NAME
     print(f"serving {name!r} at http://{args.host}:{args.port}/v1", flush=True)
     try:
-        uvicorn.run(build_app(engine, name), host=args.host, port=args.port)
+        uvicorn.run(build_app(engine, name, max_body_bytes=args.max_request_body_bytes), host=args.host,
+                    port=args.port)
     finally:
         engine.shutdown()
 
