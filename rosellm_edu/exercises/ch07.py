@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import json
-from types import SimpleNamespace
 
 from rosellm_edu.exercises import Mismatch, checker, expect_equal
 
@@ -48,7 +47,7 @@ def check_parse_sse(parse_sse) -> str:
 
 @checker("chat_usage")
 def check_chat_usage(chat_usage) -> str:
-    from rosellm_edu.entrypoints.openai.api_server import usage
+    from rosellm_edu.entrypoints.openai.protocol import UsageInfo
 
     tokenizer = _tokenizer()
     cases = [([{"role": "user", "content": "Hi"}], [1, 2, 3]),
@@ -58,8 +57,8 @@ def check_chat_usage(chat_usage) -> str:
     for messages, completion in cases:
         prompt = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
                                                return_dict=True)["input_ids"]
-        out = SimpleNamespace(prompt_token_ids=prompt, outputs=[SimpleNamespace(token_ids=completion)])
-        expected = usage(out).model_dump()
+        expected = UsageInfo(prompt_tokens=len(prompt), completion_tokens=len(completion),
+                             total_tokens=len(prompt) + len(completion)).model_dump()   # what the server reports
         got = chat_usage(tokenizer, messages, completion)
         if not isinstance(got, dict):
             raise Mismatch(f"expected a dict, got {type(got).__name__}")
@@ -95,8 +94,7 @@ BAD = [({"model": "m", "prompt": "Hi", "presence_penalty": 0.5}, "presence_penal
 def check_body_to_params(body_to_params) -> str:
     for body in GOOD:
         expect_equal(body_to_params(dict(body)), _reference_params(body), f"body_to_params({body})")
-    for body, field in BAD:
-        assert isinstance(_reference_params(body), ValueError)
+    for body, field in BAD:   # the chapter's first server refused these; the final one implements n and penalties
         try:
             got = body_to_params(dict(body))
         except ValueError as e:
