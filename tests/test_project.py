@@ -12,8 +12,10 @@ from rosellm_edu.book import export
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def requirement_names(specs: list[str]) -> set[str]:
-    return {canonicalize_name(Requirement(spec).name) for spec in specs}
+def requirement_names(specs: list[str]) -> set[tuple[str, tuple[str, ...], str]]:
+    """Each package with the extras and the environment marker it is installed with (lm-eval[hf] is not lm-eval)."""
+    return {(canonicalize_name(r.name), tuple(sorted(r.extras)), str(r.marker or ""))
+            for r in map(Requirement, specs)}
 
 
 def test_environment_yml_installs_the_same_packages_as_pyproject():

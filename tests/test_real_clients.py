@@ -1,0 +1,460 @@
+"""Clients nobody here wrote, run unmodified against the server on loopback: the openai client, langchain-openai,
+guidellm, lm-evaluation-harness (`local-completions`) and schemathesis.
+
+What each client gets back is checked against a reference that does not go through the server: transformers in
+float32 (greedy continuations, log-softmax), lm-eval's own `hf` backend on the same model, the server's own OpenAPI
+schema. When a client fails, the assertion names the exact requests the server refused and what it answered
+(tests/clients/recorder.py keeps them), not the client's summary of it.
+
+A test skips only when its client package is not installed (`pip install -e ".[test]"` installs them all)."""
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+
+from clients.recorder import Recorder
+from rosellm_edu.engine.async_llm_engine import AsyncLLMEngine
+from rosellm_edu.engine.llm_engine import LLMEngine
+from rosellm_edu.entrypoints.openai.api_server import ServerThread, build_app
+
+MODEL = "smollm2-test"
+ENGINE_KWARGS = dict(dtype="float32", num_kv_blocks=512, block_size=16, max_num_seqs=64)
+TASKS = Path(__file__).parent / "clients" / "lm_eval_tasks"
+PROMPT = "The capital of France is"
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+LOGPROB_TOLERANCE = 1e-4   # float32 against float32: the issue's bound for lm-eval, used for every client here
+
+
+@dataclass
+class Served:
+    url: str            # the OpenAI API's base URL, http://127.0.0.1:PORT/v1
+    recorder: Recorder
+
+    @property
+    def origin(self) -> str:
+        return self.url.removesuffix("/v1")
+
+
+@contextlib.contextmanager
+def serving(**engine_kwargs):
+    """The server as tests/test_server.py starts it, wrapped in a Recorder of refused requests."""
+    engine = AsyncLLMEngine(LLMEngine(**engine_kwargs))
+    recorder = Recorder(build_app(engine, MODEL))
+    thread = ServerThread(recorder)
+    try:
+        yield Served(thread.start(), recorder)
+    finally:
+        thread.stop()
+        engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def served():
+    with serving(**ENGINE_KWARGS) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=120)
+
+
+@contextlib.contextmanager
+def refusals_shown(served: Served):
+    """If the block raises, say which requests the server refused meanwhile, and its answers."""
+    mark = len(served.recorder.failed)
+    try:
+        yield
+    except Exception as e:
+        raise AssertionError(f"{type(e).__name__}: {e}\n\nrequests the server refused or failed:\n"
+                             f"{served.recorder.since(mark)}") from e
+
+
+# ---- references: transformers in float32, not through the server ----
+
+def chat_ids(tokenizer, messages) -> list[int]:
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                         return_dict=True)["input_ids"]
+
+
+def hf_greedy_ids(hf_model, prompt_ids: list[int], max_tokens: int, ignore_eos: bool = False) -> list[int]:
+    """transformers' greedy continuation; with EOS (kept as the last id) unless ignore_eos."""
+    eos = None if ignore_eos else hf_model.generation_config.eos_token_id
+    out = hf_model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_tokens, do_sample=False,
+                            eos_token_id=eos, pad_token_id=0)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def hf_greedy_text(hf_model, tokenizer, prompt_ids: list[int], max_tokens: int) -> str:
+    return tokenizer.decode(hf_greedy_ids(hf_model, prompt_ids, max_tokens), skip_special_tokens=True)
+
+
+@torch.no_grad()
+def hf_logprobs(hf_model, ids: list[int]) -> torch.Tensor:
+    """(len(ids), vocab): row t is log p(next token | ids[:t + 1]), the model's raw distribution."""
+    return torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+
+def expected_logprobs(hf_model, prompt_ids: list[int], new_ids: list[int]) -> list[float]:
+    rows = hf_logprobs(hf_model, prompt_ids + new_ids)[len(prompt_ids) - 1:-1]   # (len(new_ids), vocab)
+    return [rows[i, t].item() for i, t in enumerate(new_ids)]
+
+
+def expected_top(hf_model, tokenizer, prompt_ids: list[int], new_ids: list[int], k: int) -> list[dict[str, float]]:
+    """Per generated position, the k most likely tokens (decoded) and their log-probabilities."""
+    rows = hf_logprobs(hf_model, prompt_ids + new_ids)[len(prompt_ids) - 1:-1]
+    top = rows.topk(k, dim=-1)
+    return [{tokenizer.decode([i]): v for i, v in zip(ids.tolist(), vals.tolist())}
+            for ids, vals in zip(top.indices, top.values)]
+
+
+def assert_close_lists(got: list[float], want: list[float], what: str) -> None:
+    assert len(got) == len(want), f"{what}: {len(got)} values, expected {len(want)}"
+    worst = max((abs(g - w) for g, w in zip(got, want)), default=0.0)
+    assert worst <= LOGPROB_TOLERANCE, f"{what}: off by {worst:.2e}\n got  {got}\n want {want}"
+
+
+def assert_top_matches(got: dict[str, float], want: dict[str, float], what: str) -> None:
+    """The server's top alternatives hold the reference's top k (it may add the chosen token), same values."""
+    missing = set(want) - set(got)
+    assert not missing, f"{what}: {sorted(missing)} missing from {got}"
+    assert_close_lists([got[t] for t in want], list(want.values()), what)
+
+
+# ---- the openai client ----
+
+def test_openai_sync_completion_and_chat_equal_transformers_greedy(served, client, hf_model, tokenizer):
+    with refusals_shown(served):
+        completion = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
+        chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0)
+    assert completion.choices[0].text == hf_greedy_text(hf_model, tokenizer, tokenizer(PROMPT).input_ids, 8)
+    assert chat.choices[0].message.content == hf_greedy_text(hf_model, tokenizer, chat_ids(tokenizer, MESSAGES), 8)
+
+
+def test_openai_async_client_serves_concurrent_requests(served, hf_model, tokenizer):
+    prompts = ["The capital of France is", "One, two, three,", "def fibonacci(n):"]
+
+    async def ask_all() -> list[str]:
+        async with openai.AsyncOpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=120) as aclient:
+            async def streamed(prompt: str) -> str:
+                stream = await aclient.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0,
+                                                          stream=True)
+                return "".join([chunk.choices[0].text async for chunk in stream if chunk.choices])
+
+            async def whole(prompt: str) -> str:
+                r = await aclient.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+                return r.choices[0].text
+            return await asyncio.gather(*(f(p) for p in prompts for f in (whole, streamed)))
+
+    with refusals_shown(served):
+        answers = asyncio.run(ask_all())
+    expected = [hf_greedy_text(hf_model, tokenizer, tokenizer(p).input_ids, 8) for p in prompts for _ in range(2)]
+    assert answers == expected
+
+
+def test_openai_streams_join_to_the_whole_answer_and_end_with_usage(served, client, tokenizer):
+    prompt_ids = tokenizer(PROMPT).input_ids
+    common = dict(model=MODEL, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    with refusals_shown(served):
+        whole = client.completions.create(prompt=PROMPT, **common)
+        chunks = list(client.completions.create(prompt=PROMPT, stream=True, stream_options={"include_usage": True},
+                                                **common))
+        whole_chat = client.chat.completions.create(messages=MESSAGES, **common)
+        chat_chunks = list(client.chat.completions.create(messages=MESSAGES, stream=True,
+                                                          stream_options={"include_usage": True}, **common))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+    assert chunks[-1].usage.prompt_tokens == len(prompt_ids)
+    assert chat_chunks[0].choices[0].delta.role == "assistant"
+    joined = "".join(c.choices[0].delta.content or "" for c in chat_chunks if c.choices)
+    assert joined == whole_chat.choices[0].message.content
+    assert chat_chunks[-1].choices == [] and chat_chunks[-1].usage.completion_tokens == 6
+    assert chat_chunks[-1].usage.prompt_tokens == len(chat_ids(tokenizer, MESSAGES))
+
+
+def test_openai_completion_logprobs_equal_transformers_log_softmax(served, client, hf_model, tokenizer):
+    prompt_ids = tokenizer(PROMPT).input_ids
+    new_ids = hf_greedy_ids(hf_model, prompt_ids, 5, ignore_eos=True)
+    with refusals_shown(served):
+        r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=3,
+                                      extra_body={"ignore_eos": True})
+    logprobs = r.choices[0].logprobs
+    assert logprobs.tokens == [tokenizer.decode([t]) for t in new_ids]
+    assert_close_lists(logprobs.token_logprobs, expected_logprobs(hf_model, prompt_ids, new_ids), "token_logprobs")
+    for i, want in enumerate(expected_top(hf_model, tokenizer, prompt_ids, new_ids, 3)):
+        assert_top_matches(logprobs.top_logprobs[i], want, f"top_logprobs[{i}]")
+
+
+def test_openai_echo_returns_the_prompts_logprobs_as_lm_eval_asks(served, client, hf_model, tokenizer):
+    prompt_ids = tokenizer(PROMPT).input_ids
+    with refusals_shown(served):   # lm-eval's log-likelihood request, sent by the openai client
+        r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1, temperature=0, logprobs=1, echo=True)
+    logprobs = r.choices[0].logprobs
+    assert r.choices[0].text.startswith(PROMPT)
+    assert logprobs.tokens[:len(prompt_ids)] == [tokenizer.decode([t]) for t in prompt_ids]
+    assert logprobs.token_logprobs[0] is None   # nothing predicts the first token
+    assert_close_lists(logprobs.token_logprobs[1:len(prompt_ids)],
+                       expected_logprobs(hf_model, prompt_ids[:1], prompt_ids[1:]), "prompt token_logprobs")
+
+
+def test_openai_chat_logprobs_equal_transformers_log_softmax(served, client, hf_model, tokenizer):
+    prompt_ids = chat_ids(tokenizer, MESSAGES)
+    new_ids = hf_greedy_ids(hf_model, prompt_ids, 5, ignore_eos=True)
+    with refusals_shown(served):
+        r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5, temperature=0,
+                                           logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert [c.token for c in content] == [tokenizer.decode([t]) for t in new_ids]
+    assert_close_lists([c.logprob for c in content], expected_logprobs(hf_model, prompt_ids, new_ids), "logprob")
+    for i, want in enumerate(expected_top(hf_model, tokenizer, prompt_ids, new_ids, 2)):
+        assert len(content[i].top_logprobs) == 2
+        assert_top_matches({t.token: t.logprob for t in content[i].top_logprobs}, want, f"top_logprobs[{i}]")
+
+
+def test_openai_streamed_logprobs_equal_the_whole_response(served, client):
+    common = dict(model=MODEL, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    with refusals_shown(served):
+        whole = client.completions.create(prompt=PROMPT, logprobs=2, **common).choices[0].logprobs
+        chunks = [c for c in client.completions.create(prompt=PROMPT, logprobs=2, stream=True, **common) if c.choices]
+        whole_chat = client.chat.completions.create(messages=MESSAGES, logprobs=True, top_logprobs=2, **common)
+        chat_chunks = [c for c in client.chat.completions.create(messages=MESSAGES, logprobs=True, top_logprobs=2,
+                                                                 stream=True, **common) if c.choices]
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
+    assert sum((s.tokens for s in streamed), []) == whole.tokens
+    assert_close_lists(sum((s.token_logprobs for s in streamed), []), whole.token_logprobs, "streamed logprobs")
+    streamed_chat = sum((c.choices[0].logprobs.content for c in chat_chunks if c.choices[0].logprobs), [])
+    assert [c.token for c in streamed_chat] == [c.token for c in whole_chat.choices[0].logprobs.content]
+    assert_close_lists([c.logprob for c in streamed_chat], [c.logprob for c in whole_chat.choices[0].logprobs.content],
+                       "streamed chat logprobs")
+
+
+def test_openai_n_samples_are_the_seeded_single_samples(served, client, hf_model, tokenizer):
+    """n greedy samples are all the greedy answer; sample i of a seeded request is the request with seed + i."""
+    common = dict(model=MODEL, prompt=PROMPT, max_tokens=8, extra_body={"ignore_eos": True})
+    with refusals_shown(served):
+        greedy = client.completions.create(n=2, temperature=0, **common)
+        sampled = client.completions.create(n=3, temperature=1.0, seed=11, **common)
+        singles = [client.completions.create(n=1, temperature=1.0, seed=11 + i, **common) for i in range(3)]
+        chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2, temperature=1.0, seed=5,
+                                              max_tokens=8)
+        chat_singles = [client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=1.0, seed=5 + i,
+                                                       max_tokens=8) for i in range(2)]
+        streamed = list(client.completions.create(n=3, temperature=1.0, seed=11, stream=True, **common))
+    greedy_text = tokenizer.decode(hf_greedy_ids(hf_model, tokenizer(PROMPT).input_ids, 8, ignore_eos=True))
+    assert sorted(c.index for c in greedy.choices) == [0, 1]
+    assert [c.text for c in greedy.choices] == [greedy_text] * 2
+    assert [c.text for c in sorted(sampled.choices, key=lambda c: c.index)] == [s.choices[0].text for s in singles]
+    assert greedy.usage.completion_tokens == 2 * 8 and sampled.usage.completion_tokens == 3 * 8
+    assert ([c.message.content for c in sorted(chat.choices, key=lambda c: c.index)]
+            == [s.choices[0].message.content for s in chat_singles])
+    joined = {i: "".join(c.choices[0].text for c in streamed if c.choices and c.choices[0].index == i) for i in range(3)}
+    assert [joined[i] for i in range(3)] == [s.choices[0].text for s in singles]
+
+
+def test_openai_messages_as_clients_write_them(served, client):
+    """Content as a list of text parts and response_format text give the plain request's answer; the developer
+    role and a participant's name are accepted."""
+    common = dict(model=MODEL, max_tokens=8, temperature=0)
+    parts = [{"role": "user", "content": [{"type": "text", "text": MESSAGES[0]["content"]}]}]
+    with refusals_shown(served):
+        plain = client.chat.completions.create(messages=MESSAGES, **common)
+        as_parts = client.chat.completions.create(messages=parts, response_format={"type": "text"}, **common)
+        developer = client.chat.completions.create(
+            messages=[{"role": "developer", "content": "Answer in one word."},
+                      {"role": "user", "content": "Name a colour.", "name": "ann"}], **common)
+    assert as_parts.choices[0].message.content == plain.choices[0].message.content
+    assert developer.choices[0].finish_reason in ("stop", "length")
+
+
+# ---- langchain-openai ----
+
+def test_langchain_chat_openai_plain_and_streamed_equal_transformers_greedy(served, hf_model, tokenizer):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    chat = langchain_openai.ChatOpenAI(model=MODEL, base_url=served.url, api_key="unused", temperature=0,
+                                       max_tokens=8, max_retries=0)
+    question = MESSAGES[0]["content"]
+    with refusals_shown(served):
+        answer = chat.invoke(question).content
+        streamed = "".join(chunk.content for chunk in chat.stream(question))
+    expected = hf_greedy_text(hf_model, tokenizer, chat_ids(tokenizer, MESSAGES), 8)
+    assert answer == expected and streamed == expected
+
+
+def test_langchain_chat_openai_logprobs_equal_transformers_log_softmax(served, hf_model, tokenizer):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    chat = langchain_openai.ChatOpenAI(model=MODEL, base_url=served.url, api_key="unused", temperature=0,
+                                       max_tokens=5, max_retries=0, logprobs=True,
+                                       extra_body={"ignore_eos": True})
+    prompt_ids = chat_ids(tokenizer, MESSAGES)
+    new_ids = hf_greedy_ids(hf_model, prompt_ids, 5, ignore_eos=True)
+    with refusals_shown(served):
+        content = chat.invoke(MESSAGES[0]["content"]).response_metadata["logprobs"]["content"]
+    assert [c["token"] for c in content] == [tokenizer.decode([t]) for t in new_ids]
+    assert_close_lists([c["logprob"] for c in content], expected_logprobs(hf_model, prompt_ids, new_ids), "logprob")
+
+
+def test_langchain_with_structured_output_returns_the_schemas_object(served):
+    """langchain's default method sends response_format json_schema (strict): the answer must parse as the schema."""
+    langchain_openai = pytest.importorskip("langchain_openai")
+    from pydantic import BaseModel
+
+    class City(BaseModel):
+        name: str
+        country: str
+
+    chat = langchain_openai.ChatOpenAI(model=MODEL, base_url=served.url, api_key="unused", temperature=0,
+                                       max_tokens=40, max_retries=0)
+    with refusals_shown(served):
+        city = chat.with_structured_output(City).invoke("Name a city in France, as JSON.")
+    assert isinstance(city, City)
+
+
+def test_langchain_openai_completions_class_equals_transformers_greedy(served, hf_model, tokenizer):
+    """langchain's OpenAI completions class always sends frequency_penalty: 0 and presence_penalty: 0."""
+    langchain_openai = pytest.importorskip("langchain_openai")
+    llm = langchain_openai.OpenAI(model=MODEL, base_url=served.url, api_key="unused", temperature=0, max_tokens=8,
+                                  max_retries=0)
+    with refusals_shown(served):
+        answer = llm.invoke(PROMPT)
+        streamed = "".join(llm.stream(PROMPT))
+    expected = hf_greedy_text(hf_model, tokenizer, tokenizer(PROMPT).input_ids, 8)
+    assert answer == expected and streamed == expected
+
+
+# ---- guidellm: all four modes, a short synchronous profile on synthetic prompts ----
+
+GUIDELLM_MODES = {"completions": ("/v1/completions", False), "completions-stream": ("/v1/completions", True),
+                  "chat": ("/v1/chat/completions", False), "chat-stream": ("/v1/chat/completions", True)}
+GUIDELLM_REQUESTS, GUIDELLM_PROMPT_TOKENS, GUIDELLM_OUTPUT_TOKENS = 3, 16, 8
+
+
+def guidellm_command(served: Served, embedded_dir: Path, endpoint: str, stream: bool, report: Path) -> list[str]:
+    """`guidellm run` as its README shows it; the tokenizer that counts synthetic prompts is the local model."""
+    backend = f"kind=openai_http,target={served.origin},model={MODEL},request_format={endpoint},stream={stream}"
+    return [str(Path(sys.executable).parent / "guidellm"), "run", "--backend", backend,
+            "--profile", "kind=synchronous",
+            "--constraint", f"kind=max_requests,count={GUIDELLM_REQUESTS}",
+            "--tokenizer", f"kind=huggingface_auto,model={embedded_dir}",
+            "--data", f"kind=synthetic_text,prompt_tokens={GUIDELLM_PROMPT_TOKENS},"
+                      f"output_tokens={GUIDELLM_OUTPUT_TOKENS}",
+            "--output", f"kind=json,path={report}", "--disable-console-interactive"]
+
+
+@pytest.fixture(scope="module")
+def guidellm_runs(served, embedded_dir, tmp_path_factory):
+    """The four modes run at once (each is mostly guidellm's start-up): mode -> (report or None, log tail)."""
+    pytest.importorskip("guidellm")
+    folder = tmp_path_factory.mktemp("guidellm")
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    procs = {}
+    for mode, (endpoint, stream) in GUIDELLM_MODES.items():
+        log = open(folder / f"{mode}.log", "w")
+        procs[mode] = subprocess.Popen(guidellm_command(served, embedded_dir, endpoint, stream, folder / f"{mode}.json"),
+                                       stdout=log, stderr=subprocess.STDOUT, env=env, cwd=folder)
+    runs = {}
+    for mode, proc in procs.items():
+        proc.wait(timeout=300)
+        report = folder / f"{mode}.json"
+        log = (folder / f"{mode}.log").read_text()[-3000:]
+        runs[mode] = (json.loads(report.read_text()) if report.exists() else None, log)
+    return runs
+
+
+@pytest.mark.parametrize("mode", GUIDELLM_MODES)
+def test_guidellm_mode_completes_every_request(mode, served, guidellm_runs):
+    report, log = guidellm_runs[mode]
+    endpoint, stream = GUIDELLM_MODES[mode]
+    refused = "\n".join(str(e) for e in served.recorder.failed if e.path == endpoint) or "(none)"
+    assert report is not None, f"guidellm wrote no report:\n{log}"
+    requests = report["benchmarks"][0]["requests"]
+    errors = [r["info"]["error"] for r in requests["errored"] + requests["incomplete"]]
+    assert errors == [], f"{len(errors)} requests failed: {errors[:2]}\n\nthe server refused:\n{refused}"
+    done = requests["successful"]
+    assert len(done) == GUIDELLM_REQUESTS
+    # guidellm sends ignore_eos with max_tokens, so each request makes exactly the tokens it asked for
+    assert [r["output_metrics"]["text_tokens"] for r in done] == [GUIDELLM_OUTPUT_TOKENS] * GUIDELLM_REQUESTS
+    if stream:   # a streamed request's first token was seen before its last one
+        assert all(r["info"]["timings"]["first_token_iteration"] < r["info"]["timings"]["last_token_iteration"]
+                   for r in done)
+
+
+# ---- lm-evaluation-harness: local-completions against lm-eval's own hf backend, item by item ----
+
+@pytest.fixture(scope="module")
+def lm_eval_samples(served, embedded_dir):
+    """Per task, the logged samples of both backends: {"api": {task: [...]}, "hf": {...}}; or the API's error."""
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    def evaluate(model: str, model_args: dict) -> dict:
+        with contextlib.chdir(TASKS):   # the tasks' data_files are relative to their folder
+            results = lm_eval.simple_evaluate(model=model, model_args=model_args,
+                                              tasks=["rosellm_choice", "rosellm_generate"],
+                                              task_manager=TaskManager(include_path=str(TASKS)), log_samples=True,
+                                              bootstrap_iters=0, batch_size=1)
+        return {task: sorted(samples, key=lambda s: s["doc_id"]) for task, samples in results["samples"].items()}
+
+    samples = {"hf": evaluate("hf", {"pretrained": str(embedded_dir), "dtype": "float32", "device": "cpu"})}
+    mark = len(served.recorder.failed)
+    try:
+        samples["api"] = evaluate("local-completions", {
+            "model": MODEL, "base_url": f"{served.url}/completions", "tokenizer": str(embedded_dir),
+            "tokenizer_backend": "huggingface", "num_concurrent": 1, "max_retries": 1, "timeout": 120})
+    except Exception as e:
+        samples["api_error"] = f"{type(e).__name__}: {e}\n\nthe server refused:\n{served.recorder.since(mark)}"
+    return samples
+
+
+def api_samples(lm_eval_samples: dict, task: str) -> list[dict]:
+    assert "api_error" not in lm_eval_samples, lm_eval_samples["api_error"]
+    return lm_eval_samples["api"][task]
+
+
+def test_lm_eval_log_likelihoods_equal_the_hf_backend_item_by_item(lm_eval_samples):
+    api, hf = api_samples(lm_eval_samples, "rosellm_choice"), lm_eval_samples["hf"]["rosellm_choice"]
+    assert [s["doc_id"] for s in api] == [s["doc_id"] for s in hf]
+    for a, h in zip(api, hf):
+        assert (a["acc"], a["acc_norm"]) == (h["acc"], h["acc_norm"]), f"doc {a['doc_id']}"
+        assert_close_lists([ll for ll, _ in a["filtered_resps"]], [ll for ll, _ in h["filtered_resps"]],
+                           f"doc {a['doc_id']} log-likelihoods")
+        assert [g for _, g in a["filtered_resps"]] == [g for _, g in h["filtered_resps"]], f"doc {a['doc_id']}"
+
+
+def test_lm_eval_generations_equal_the_hf_backend_item_by_item(lm_eval_samples):
+    api, hf = api_samples(lm_eval_samples, "rosellm_generate"), lm_eval_samples["hf"]["rosellm_generate"]
+    assert [(s["doc_id"], s["filtered_resps"], s["exact_match"]) for s in api] == \
+           [(s["doc_id"], s["filtered_resps"], s["exact_match"]) for s in hf]
+
+
+# ---- schemathesis: the server's own OpenAPI schema, fuzzed, response-schema conformance on ----
+
+FUZZ_CONTEXT = 32   # a short context bounds every fuzzed request, whatever max_tokens it asks for
+SCHEMATHESIS_CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"
+                       "response_schema_conformance")
+
+
+def test_schemathesis_finds_no_failure_in_the_openapi_schema(tmp_path):
+    """Its fuzzing phase, a bounded number of examples per operation (its coverage phase, some 800 boundary
+    cases, takes minutes here: run `schemathesis run URL/openapi.json` by hand for that)."""
+    pytest.importorskip("schemathesis")
+    hooks = dict(os.environ, SCHEMATHESIS_HOOKS="clients.schemathesis_hooks", ROSELLM_SERVED_MODEL=MODEL,
+                 PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    with serving(**ENGINE_KWARGS, max_model_len=FUZZ_CONTEXT) as fuzzed:
+        start = time.monotonic()
+        run = subprocess.run([str(Path(sys.executable).parent / "schemathesis"), "run",
+                              f"{fuzzed.origin}/openapi.json", "--checks", SCHEMATHESIS_CHECKS, "--phases", "fuzzing",
+                              "--max-examples", "25", "--seed", "1", "--workers", "1", "--request-timeout", "60"],
+                             capture_output=True, text=True, timeout=400, cwd=tmp_path, env=hooks)
+    assert run.returncode == 0, (f"schemathesis failed after {time.monotonic() - start:.0f} s:\n"
+                                 f"{run.stdout[-6000:]}\n{run.stderr[-2000:]}")
