@@ -92,7 +92,7 @@ class BlockManager:
     # notebooks/04_paged_attention.ipynb, cell 85
     def ensure(self, seq: Sequence, num_computed: int, num_tokens: int) -> bool:
         """Grow seq's block table to hold num_tokens, and give seq its own copy of every shared block that positions
-        num_computed onward write into (NEW); False (nothing changed) if the free blocks do not suffice."""
+        num_computed onward write into; False (nothing changed) if the free blocks do not suffice."""
         table = self.block_tables[seq.request_id]
         first = num_computed // self.block_size
         shared = [i for i in range(first, len(table)) if self.blocks[table[i]].ref_count > 1]

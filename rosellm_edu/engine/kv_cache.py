@@ -27,6 +27,17 @@ class KVCache:
         self.k = torch.zeros(layers, (num_blocks + 1) * block_size, kv_heads, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
 
+    # notebooks/04_paged_attention.ipynb, cell 91
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy whole blocks src -> dst in every layer of K and V: one gather-and-scatter per tensor, on its device."""
+        if not pairs:
+            return
+        device, bs = self.k.device, self.block_size
+        blocks = torch.tensor(pairs, device=device)                                   # (pairs, 2): src, dst
+        slots = (blocks[:, :, None] * bs + torch.arange(bs, device=device)).transpose(0, 1).reshape(2, -1)
+        for cache in (self.k, self.v):                                               # (layers, slots, heads, dim)
+            cache[:, slots[1]] = cache[:, slots[0]]                                  # reads all, then writes
+
 
 # notebooks/04_paged_attention.ipynb, cell 61
 def block_bytes(config, block_size: int, dtype: torch.dtype) -> int:

@@ -6,6 +6,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from rosellm_edu.engine.block_manager import BlockManager
+from rosellm_edu.engine.parallel_sampling import ParentRequest
 from rosellm_edu.sequence import Sequence, SequenceStatus
 
 
@@ -27,7 +28,7 @@ class Scheduler:
     """Picks each step's batch under a token budget: running sequences first (decodes and prefill chunks), then
     waiting ones while blocks and seats remain."""
 
-    # notebooks/04_paged_attention.ipynb, cell 23
+    # notebooks/04_paged_attention.ipynb, cell 95
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
         self.block_manager = block_manager
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
@@ -37,10 +38,14 @@ class Scheduler:
         self.num_computed: dict[str, int] = {}
         self.num_preemptions = 0
         self.preempted: set[str] = set()           # unfinished sequences preempted at least once
+        self.parents: dict[str, ParentRequest] = {}  # each sample of a request with n > 1 -> its request
 
+    # notebooks/04_paged_attention.ipynb, cell 95
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
         self.requests[seq.request_id] = seq
+        if seq.params.n > 1:
+            self.parents[seq.request_id] = ParentRequest(seq.request_id, seq.params.n, [seq])
 
     def find(self, request_id: str) -> Sequence | None:
         return self.requests.get(request_id)
@@ -48,20 +53,20 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    # notebooks/04_paged_attention.ipynb, cell 25
+    # notebooks/04_paged_attention.ipynb, cell 97
     def schedule(self) -> list[ScheduledSeq]:
-        budget, batch, preemptions = self.max_num_batched_tokens, [], self.num_preemptions   # preemptions
+        budget, batch, preemptions = self.max_num_batched_tokens, [], self.num_preemptions
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             computed = self.num_computed[seq.request_id]
             n = min(len(seq) - computed, budget)
-            if self.make_room(seq, computed + n):
+            if self.make_room(seq, computed, computed + n):                                   # writes from computed
                 batch.append(ScheduledSeq(seq, computed, n))
                 budget -= n
                 i += 1
         while self.num_preemptions == preemptions and self.waiting and budget > 0 \
-                and len(self.running) < self.max_num_seqs:                                   # preemptions
+                and len(self.running) + self.seats(self.waiting[0]) <= self.max_num_seqs:     # n seats
             seq = self.waiting[0]
             computed = self.block_manager.allocate(seq, resumed=seq.request_id in self.preempted)
             if computed is None:
@@ -81,7 +86,7 @@ class Scheduler:
             self.num_computed[s.seq.request_id] = s.num_computed + s.num_new
             self.block_manager.commit(s.seq, s.num_computed + s.num_new)
 
-    # notebooks/04_paged_attention.ipynb, cell 26
+    # notebooks/04_paged_attention.ipynb, cell 98
     def remove(self, seq: Sequence) -> None:
         """Take a finished or aborted sequence out and free its KV blocks."""
         if seq.status == SequenceStatus.WAITING:
@@ -92,11 +97,16 @@ class Scheduler:
         self.num_computed.pop(seq.request_id, None)
         self.preempted.discard(seq.request_id)
         self.block_manager.free(seq.request_id)
+        parent = self.parents.get(seq.request_id)
+        if parent is not None and not any(s.request_id in self.requests for s in parent.samples):  # its last sample
+            for s in parent.samples:
+                del self.parents[s.request_id]
 
-    # notebooks/04_paged_attention.ipynb, cell 26
-    def make_room(self, seq: Sequence, num_tokens: int) -> bool:
-        """Preempt the newest running sequences until seq has blocks for num_tokens; False if seq itself went."""
-        while not self.block_manager.ensure(seq, num_tokens):
+    # notebooks/04_paged_attention.ipynb, cell 97
+    def make_room(self, seq: Sequence, num_computed: int, num_tokens: int) -> bool:
+        """Preempt the newest running sequences until seq has blocks for num_tokens, and its own copy of any shared
+        block it writes from num_computed on; False if seq itself went."""
+        while not self.block_manager.ensure(seq, num_computed, num_tokens):                  # num_computed
             victim = self.running[-1]
             self.preempt(victim)
             if victim is seq:
@@ -113,3 +123,29 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
         self.preempted.add(seq.request_id)
+
+    # notebooks/04_paged_attention.ipynb, cell 96
+    def fork(self, seq: Sequence, child: Sequence) -> None:
+        """Seat child beside seq, sharing seq's blocks and its computed positions; it samples in this same step."""
+        self.block_manager.fork(seq.request_id, child.request_id)
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
+        self.requests[child.request_id] = child
+        self.num_computed[child.request_id] = self.num_computed[seq.request_id]
+        parent = self.parents[seq.request_id]
+        parent.samples.append(child)
+        self.parents[child.request_id] = parent
+
+    # notebooks/04_paged_attention.ipynb, cell 96
+    def seats(self, seq: Sequence) -> int:
+        """Running seats seq takes when admitted: all n for a request not forked yet."""
+        parent = self.parents.get(seq.request_id)
+        return 1 if parent is None or parent.forked else parent.n
+
+    # notebooks/04_paged_attention.ipynb, cell 98
+    def abort(self, request_id: str) -> None:
+        """Take out an unfinished request: every sample of one with n > 1. Unknown or finished: nothing to do."""
+        parent = self.parents.get(request_id)
+        for seq in parent.samples if parent else [self.requests.get(request_id)]:
+            if seq is not None and self.requests.get(seq.request_id) is seq:
+                self.remove(seq)
