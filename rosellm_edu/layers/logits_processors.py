@@ -8,18 +8,26 @@ from rosellm_edu.sampling_params import SamplingParams
 
 
 # notebooks/01_token_generation.ipynb, cell 56
+def on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list as a tensor on `device`. To a GPU it goes from pinned memory with non_blocking=True, so the
+    host does not wait for the GPU to finish the work already queued (a plain copy would)."""
+    tensor = torch.tensor(values, dtype=dtype)
+    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor.to(device)
+
+
+# notebooks/01_token_generation.ipynb, cell 56
 def token_counts(ids: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
     """(n, vocab_size): how often each token occurs in each of the n lists. The lists are padded to one length
     with the id vocab_size, a column that is dropped after one scatter_add."""
     width = max(map(len, ids), default=0)
-    padded = torch.tensor([row + [vocab_size] * (width - len(row)) for row in ids], dtype=torch.long,
-                          device=device).reshape(len(ids), width)                  # (n, width)
-    counts = torch.zeros(len(ids), vocab_size + 1, device=device)                  # (n, vocab_size + 1)
+    padded = on_device([row + [vocab_size] * (width - len(row)) for row in ids], torch.long, device)
+    padded = padded.reshape(len(ids), width)                                      # (n, width)
+    counts = torch.zeros(len(ids), vocab_size + 1, device=device)                 # (n, vocab_size + 1)
     counts.scatter_add_(1, padded, torch.ones(padded.shape, device=device))
     return counts[:, :vocab_size]
 
 
-# notebooks/01_token_generation.ipynb, cell 56
+# notebooks/01_token_generation.ipynb, cell 57
 def apply_repetition_penalty(logits: torch.Tensor, params: list[SamplingParams], prompt_ids: list[list[int]],
                              output_ids: list[list[int]]) -> None:
     """In place on logits (B, V): every token of a row's prompt or output has its logit divided by the row's
@@ -28,12 +36,13 @@ def apply_repetition_penalty(logits: torch.Tensor, params: list[SamplingParams],
     if not rows:
         return
     seen = token_counts([prompt_ids[i] + output_ids[i] for i in rows], logits.shape[1], logits.device) > 0
-    penalty = torch.tensor([params[i].repetition_penalty for i in rows], device=logits.device)[:, None]  # (n, 1)
+    penalty = on_device([params[i].repetition_penalty for i in rows], torch.float32, logits.device)[:, None]
+    rows = on_device(rows, torch.long, logits.device)                                  # (n,)
     x = logits[rows]                                                                    # (n, V)
     logits[rows] = torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x)
 
 
-# notebooks/01_token_generation.ipynb, cell 59
+# notebooks/01_token_generation.ipynb, cell 60
 def apply_frequency_presence_penalties(logits: torch.Tensor, params: list[SamplingParams],
                                        output_ids: list[list[int]]) -> None:
     """In place on logits (B, V), OpenAI's formula on each row's output tokens:
@@ -42,38 +51,38 @@ def apply_frequency_presence_penalties(logits: torch.Tensor, params: list[Sampli
     if not rows:
         return
     counts = token_counts([output_ids[i] for i in rows], logits.shape[1], logits.device)   # (n, V)
-    frequency = torch.tensor([params[i].frequency_penalty for i in rows], device=logits.device)[:, None]
-    presence = torch.tensor([params[i].presence_penalty for i in rows], device=logits.device)[:, None]
-    logits[rows] -= frequency * counts + presence * (counts > 0)
+    frequency = on_device([params[i].frequency_penalty for i in rows], torch.float32, logits.device)[:, None]
+    presence = on_device([params[i].presence_penalty for i in rows], torch.float32, logits.device)[:, None]
+    logits[on_device(rows, torch.long, logits.device)] -= frequency * counts + presence * (counts > 0)
 
 
-# notebooks/01_token_generation.ipynb, cell 62
+# notebooks/01_token_generation.ipynb, cell 63
 def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> None:
     """In place on logits (B, V): add each row's logit_bias to the logits of its tokens."""
-    rows = [i for i, p in enumerate(params) for _ in (p.logit_bias or {})]
-    if not rows:
+    pairs = [(i, token, bias) for i, p in enumerate(params) for token, bias in (p.logit_bias or {}).items()]
+    if not pairs:
         return
-    tokens = [t for p in params for t in (p.logit_bias or {})]
-    bias = torch.tensor([b for p in params for b in (p.logit_bias or {}).values()], device=logits.device)
-    logits[rows, tokens] += bias
+    rows, tokens, bias = zip(*pairs)
+    rows, tokens = on_device(rows, torch.long, logits.device), on_device(tokens, torch.long, logits.device)
+    logits[rows, tokens] += on_device(bias, torch.float32, logits.device)
 
 
-# notebooks/01_token_generation.ipynb, cell 62
+# notebooks/01_token_generation.ipynb, cell 63
 def apply_min_tokens(logits: torch.Tensor, params: list[SamplingParams], output_ids: list[list[int]],
                      eos_token_ids: set[int]) -> None:
     """In place on logits (B, V): while a row has fewer than min_tokens outputs, its stop_token_ids, and the EOS
     ids unless it ignores EOS, get -inf."""
-    rows, tokens = [], []
+    pairs = []
     for i, (p, out) in enumerate(zip(params, output_ids)):
         if len(out) < p.min_tokens:
             stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
-            rows += [i] * len(stops)
-            tokens += sorted(stops)
-    if rows:
-        logits[rows, tokens] = float("-inf")
+            pairs += [(i, token) for token in sorted(stops)]
+    if pairs:
+        rows, tokens = zip(*pairs)
+        logits[on_device(rows, torch.long, logits.device), on_device(tokens, torch.long, logits.device)] = -torch.inf
 
 
-# notebooks/01_token_generation.ipynb, cell 65
+# notebooks/01_token_generation.ipynb, cell 66
 def apply_logits_processors(logits: torch.Tensor, params: list[SamplingParams], prompt_ids: list[list[int]],
                             output_ids: list[list[int]], eos_token_ids: set[int]) -> torch.Tensor:
     """Each row's min_tokens, logit_bias, repetition, frequency and presence penalties on logits (B, V), in
@@ -89,7 +98,7 @@ def apply_logits_processors(logits: torch.Tensor, params: list[SamplingParams], 
     return logits
 
 
-# notebooks/01_token_generation.ipynb, cell 65
+# notebooks/01_token_generation.ipynb, cell 66
 def uses_logits_processors(params: SamplingParams, num_output_tokens: int) -> bool:
     """Does a row with these params and this many output tokens change anything here?"""
     return (params.repetition_penalty != 1 or params.frequency_penalty != 0 or params.presence_penalty != 0
