@@ -283,3 +283,13 @@ def test_openapi_declares_400_not_422_and_the_response_models(server):
         assert "422" not in responses and "400" in responses and "413" in responses
     ok = schema["paths"]["/v1/completions"]["post"]["responses"]["200"]["content"]
     assert ok["application/json"]["schema"]["$ref"].endswith("/CompletionResponse") and "text/event-stream" in ok
+
+
+def test_stop_string_kept_when_asked_and_special_tokens_shown_when_asked(client, offline):
+    prompt = "Count: one, two, three, four,"
+    extra = {"include_stop_str_in_output": True, "skip_special_tokens": False}
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, stop=[","],
+                                  extra_body=extra)
+    ref = offline_output(offline, prompt, max_tokens=12, temperature=0, stop=[","], **extra).outputs[0]
+    without = offline_output(offline, prompt, max_tokens=12, temperature=0, stop=[","]).outputs[0]
+    assert r.choices[0].text == ref.text == without.text + ","

@@ -181,7 +181,7 @@ class AsyncLLMEngine:
         else:
             try:
                 self.engine.add_request(command.request_id, command.prompt, command.params)
-            except Exception as e:  # a bad request (or a tokenizer that fails on it) is refused; the batch never sees it
+            except Exception as e:  # a bad request (or a tokenizer failing on it) is refused: the batch never sees it
                 _post(command.loop, _settle, command.added, e)
                 return
             self._streams[command.request_id] = command

@@ -126,9 +126,12 @@ async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
 
 
 # notebooks/07_serving.ipynb, cell 56
+async def engine_dead(request: Request, exc: EngineDeadError) -> JSONResponse:
+    return OpenAIError(503, str(exc), type="server_error").response()
+
+
+# notebooks/07_serving.ipynb, cell 56
 async def server_error(request: Request, exc: Exception) -> JSONResponse:
-    if isinstance(exc, EngineDeadError):
-        return OpenAIError(503, str(exc), type="server_error").response()
     logger.exception("internal error", exc_info=exc)   # the details go to the log, not to the client
     return OpenAIError(500, f"internal server error ({type(exc).__name__})", type="server_error").response()
 
@@ -146,6 +149,7 @@ def build_app(engine: AsyncLLMEngine, model_name: str, max_body_bytes: int = 4 *
     app.add_exception_handler(OpenAIError, openai_error)
     app.add_exception_handler(RequestValidationError, invalid_body)
     app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(EngineDeadError, engine_dead)
     app.add_exception_handler(Exception, server_error)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.openapi = lambda: openapi_schema(app)
@@ -213,11 +217,14 @@ def openapi_schema(app: FastAPI) -> dict:
 
 
 # notebooks/07_serving.ipynb, cell 61
-@router.get("/health", responses={503: {"model": ErrorResponse}})
+@router.get("/health", response_class=Response,
+            responses={200: {"description": "the engine loop runs"}, 503: ERRORS[503]})
 async def health(raw: Request) -> Response:
     """200 while the engine loop runs; 503 once it has stopped, so that a load balancer stops sending."""
     errored = raw.app.state.engine.errored
-    return Response(status_code=200) if errored is None else OpenAIError(503, str(errored), type="server_error").response()
+    if errored is None:
+        return Response(status_code=200)
+    return OpenAIError(503, str(errored), type="server_error").response()
 
 
 # notebooks/07_serving.ipynb, cell 61
@@ -299,7 +306,7 @@ class ResponseState:
         return UsageInfo(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
                          total_tokens=self.prompt_tokens + self.completion_tokens)
 
-    # notebooks/07_serving.ipynb, cell 81
+    # notebooks/07_serving.ipynb, cell 80
     def finished(self) -> None:
         """A response whose every choice ended: its latencies go to the histograms."""
         now, m = time.perf_counter(), self.metrics
@@ -408,14 +415,14 @@ async def whole_response(raw: Request, state: ResponseState,
         raise OpenAIError(500, str(e), type="server_error") from e
 
 
-# notebooks/07_serving.ipynb, cell 71
+# notebooks/07_serving.ipynb, cell 70
 def encode_prompts(tokenizer, prompts: list[str | list[int]], echo: bool) -> list[tuple[str | None, list[int]]]:
     """(text, token ids) of each prompt; token-id prompts get their text only when it is echoed."""
     return [(p, tokenizer(p).input_ids) if isinstance(p, str) else (tokenizer.decode(p) if echo else None, p)
             for p in prompts]
 
 
-# notebooks/07_serving.ipynb, cell 71
+# notebooks/07_serving.ipynb, cell 70
 def chat_prompt_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
     try:
         return tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt,
@@ -425,7 +432,7 @@ def chat_prompt_ids(tokenizer, messages: list[dict], add_generation_prompt: bool
         raise OpenAIError(400, f"messages: the model's chat template failed: {why}", "messages") from e
 
 
-# notebooks/07_serving.ipynb, cell 71
+# notebooks/07_serving.ipynb, cell 70
 def check_prompt(raw: Request, ids: list[int], max_tokens: int | None, param: str) -> int:
     """The prompt fits the model and max_tokens fits beside it (vLLM's rule: refused, never silently capped);
     None means all the room the context leaves. Returns the max_tokens to generate."""
@@ -445,7 +452,7 @@ def check_prompt(raw: Request, ids: list[int], max_tokens: int | None, param: st
     return limit - len(ids) if max_tokens is None else max_tokens
 
 
-# notebooks/07_serving.ipynb, cell 72
+# notebooks/07_serving.ipynb, cell 71
 def sampling_params(raw: Request, body: SamplingRequest, max_tokens: int, logprobs: int | None = None,
                     prompt_logprobs: int | None = None) -> SamplingParams:
     """The request's SamplingParams; token ids it names (logit_bias, stop_token_ids) must be in the vocabulary,
@@ -461,7 +468,7 @@ def sampling_params(raw: Request, body: SamplingRequest, max_tokens: int, logpro
     return params
 
 
-# notebooks/07_serving.ipynb, cell 72
+# notebooks/07_serving.ipynb, cell 71
 async def add_requests(raw: Request, request_id: str, prompts: list[tuple[str | None, list[int]]],
                        params: list[SamplingParams]) -> list[AsyncIterator[RequestOutput]]:
     """One engine request per prompt (ids request_id-0, -1, ...): all of them are added, or none."""
@@ -478,17 +485,17 @@ async def add_requests(raw: Request, request_id: str, prompts: list[tuple[str | 
     return streams
 
 
-# notebooks/07_serving.ipynb, cell 74
+# notebooks/07_serving.ipynb, cell 73
 def clamp(logprob: float) -> float:
     return max(logprob, -9999.0)   # JSON has no -inf (OpenAI and vLLM clamp the same way)
 
 
-# notebooks/07_serving.ipynb, cell 74
+# notebooks/07_serving.ipynb, cell 73
 def token_text(tokenizer, token: int, entry: Logprob | None) -> str:
     return entry.decoded_token if entry is not None and entry.decoded_token is not None else tokenizer.decode([token])
 
 
-# notebooks/07_serving.ipynb, cell 74
+# notebooks/07_serving.ipynb, cell 73
 def completion_logprobs(tokenizer, piece: Piece) -> CompletionLogprobs:
     """OpenAI's legacy shape: per token its text, logprob, top alternatives ({text: logprob}) and offset."""
     out, offset = CompletionLogprobs(), piece.offset
@@ -503,7 +510,7 @@ def completion_logprobs(tokenizer, piece: Piece) -> CompletionLogprobs:
     return out
 
 
-# notebooks/07_serving.ipynb, cell 74
+# notebooks/07_serving.ipynb, cell 73
 def chat_logprobs(tokenizer, piece: Piece, top: int) -> ChatLogprobs:
     """OpenAI's chat shape: per token {token, logprob, bytes, top_logprobs: the `top` most likely}."""
     def entry(token: int, e: Logprob) -> dict:
@@ -518,7 +525,7 @@ def chat_logprobs(tokenizer, piece: Piece, top: int) -> ChatLogprobs:
     return ChatLogprobs(content=content)
 
 
-# notebooks/07_serving.ipynb, cell 76
+# notebooks/07_serving.ipynb, cell 75
 @router.post("/v1/completions", response_model=CompletionResponse,
              responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}})
 async def create_completion(body: CompletionRequest, raw: Request) -> Response:
@@ -550,7 +557,7 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Response:
     return JSONResponse(response([choice(p) for p in pieces], usage=state.usage()).model_dump())
 
 
-# notebooks/07_serving.ipynb, cell 77
+# notebooks/07_serving.ipynb, cell 76
 async def chat_events(state: ResponseState, outputs: AsyncIterator[tuple[int, RequestOutput]],
                       make_chunk: Callable[..., ChatCompletionChunk], logprobs) -> AsyncIterator[str]:
     """A streamed chat completion's events: each choice's role first, then one delta per step."""
@@ -565,7 +572,7 @@ async def chat_events(state: ResponseState, outputs: AsyncIterator[tuple[int, Re
         yield event
 
 
-# notebooks/07_serving.ipynb, cell 78
+# notebooks/07_serving.ipynb, cell 77
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
              responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}})
 async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Response:
@@ -596,11 +603,11 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> R
                                                usage=state.usage()).model_dump())
 
 
-# notebooks/07_serving.ipynb, cell 80
+# notebooks/07_serving.ipynb, cell 79
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
-# notebooks/07_serving.ipynb, cell 80
+# notebooks/07_serving.ipynb, cell 79
 class ServerMetrics:
     """What /metrics exposes, in vLLM's names (vllm: -> rosellm:), in a registry of the app's own."""
 
@@ -612,9 +619,10 @@ class ServerMetrics:
         self.kv_blocks_used = gauge("kv_cache_blocks_used", "KV blocks held by sequences")
         self.kv_usage = gauge("kv_cache_usage_perc", "Share of the KV blocks in use, 0 to 1")
         self.prefix_hit_rate = gauge("prefix_cache_hit_rate", "Share of new prompts' tokens found cached")
-        histogram = lambda name, doc: Histogram(f"rosellm:{name}", doc, buckets=LATENCY_BUCKETS, registry=r)  # noqa
+        histogram = lambda name, doc: Histogram(f"rosellm:{name}", doc, buckets=LATENCY_BUCKETS,  # noqa: E731
+                                                registry=r)
         self.ttft = histogram("time_to_first_token_seconds", "Request arrival to its first token")
-        self.tpot = histogram("time_per_output_token_seconds", "Mean gap between a request's tokens after the first")
+        self.tpot = histogram("time_per_output_token_seconds", "Mean gap between a request's later tokens")
         self.e2e = histogram("e2e_request_latency_seconds", "Request arrival to its last token")
         self.prompt_tokens = Counter("rosellm:prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter("rosellm:generation_tokens", "Generated tokens", registry=r)
@@ -628,14 +636,14 @@ class ServerMetrics:
         self.prefix_hit_rate.set(stats["prefix_hit_rate"])
 
 
-# notebooks/07_serving.ipynb, cell 80
+# notebooks/07_serving.ipynb, cell 79
 def engine_stats(engine) -> dict:
     """Run in the engine thread (AsyncLLMEngine.call): the scheduler's queues and the KV cache's blocks."""
     return {"running": len(engine.scheduler.running), "waiting": len(engine.scheduler.waiting),
             **engine.kv_cache_stats()}
 
 
-# notebooks/07_serving.ipynb, cell 81
+# notebooks/07_serving.ipynb, cell 80
 @router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
 async def metrics(raw: Request) -> Response:
     """Prometheus' text format. The engine's numbers are read in its own thread, between two steps."""
@@ -645,7 +653,7 @@ async def metrics(raw: Request) -> Response:
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-# notebooks/07_serving.ipynb, cell 83
+# notebooks/07_serving.ipynb, cell 82
 @router.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
 async def tokenize(body: TokenizeRequest, raw: Request) -> JSONResponse:
     """vLLM's /tokenize: a prompt's token ids, or chat messages' through the chat template."""
@@ -663,7 +671,7 @@ async def tokenize(body: TokenizeRequest, raw: Request) -> JSONResponse:
                                          tokens=ids, token_strs=strs).model_dump())
 
 
-# notebooks/07_serving.ipynb, cell 83
+# notebooks/07_serving.ipynb, cell 82
 @router.post("/detokenize", response_model=DetokenizeResponse, responses=ERRORS)
 async def detokenize(body: DetokenizeRequest, raw: Request) -> JSONResponse:
     check_model(raw, body.model)

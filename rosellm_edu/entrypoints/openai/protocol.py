@@ -2,7 +2,6 @@
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
-import logging
 import time
 import uuid
 from typing import ClassVar, Literal
@@ -10,10 +9,6 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 from rosellm_edu.sampling_params import SamplingParams
-
-
-# notebooks/07_serving.ipynb, cell 36
-logger = logging.getLogger("rosellm_edu.server")
 
 
 # notebooks/07_serving.ipynb, cell 36
