@@ -393,8 +393,13 @@ def test_guidellm_mode_completes_every_request(mode, served, guidellm_runs):
 
 @pytest.fixture(scope="module")
 def lm_eval_samples(served, embedded_dir):
+    pytest.importorskip("lm_eval")
+    return run_lm_eval(served, embedded_dir)
+
+
+def run_lm_eval(served: Served, embedded_dir: Path) -> dict:
     """Per task, the logged samples of both backends: {"api": {task: [...]}, "hf": {...}}; or the API's error."""
-    lm_eval = pytest.importorskip("lm_eval")
+    import lm_eval
     from lm_eval.tasks import TaskManager
 
     def evaluate(model: str, model_args: dict) -> dict:

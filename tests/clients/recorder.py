@@ -4,7 +4,6 @@
 copy of each request body whose response was not a 2xx, so that a client's failure names the exact request and the
 server's answer instead of the client's own summary of it ("400 Bad Request")."""
 
-import json
 from dataclasses import dataclass, field
 
 
@@ -55,8 +54,3 @@ class Recorder:
         """The failed exchanges after `mark` (a len(self.failed) taken before), one per paragraph."""
         return "\n".join(str(e) for e in self.failed[mark:]) or "(the server refused nothing)"
 
-
-def sse_events(body: bytes) -> list[dict]:
-    """The JSON events of a server-sent-event stream (without the closing [DONE])."""
-    lines = body.decode().splitlines()
-    return [json.loads(line[6:]) for line in lines if line.startswith("data: ") and line != "data: [DONE]"]
