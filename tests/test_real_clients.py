@@ -183,6 +183,19 @@ def test_openai_streams_join_to_the_whole_answer_and_end_with_usage(served, clie
     assert chat_chunks[-1].usage.prompt_tokens == len(chat_ids(tokenizer, MESSAGES))
 
 
+def test_openai_stream_with_continuous_usage_counts_every_chunks_tokens(served, client, tokenizer):
+    """vLLM's stream_options.continuous_usage_stats, which benchmark clients count tokens with: every chunk's usage
+    holds the tokens so far."""
+    with refusals_shown(served):
+        chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, stream=True,
+                                                stream_options={"include_usage": True,
+                                                                "continuous_usage_stats": True},
+                                                extra_body={"ignore_eos": True}))
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == 6
+    assert all(c.usage.prompt_tokens == len(tokenizer(PROMPT).input_ids) for c in chunks)
+
+
 def test_openai_completion_logprobs_equal_transformers_log_softmax(served, client, hf_model, tokenizer):
     prompt_ids = tokenizer(PROMPT).input_ids
     new_ids = hf_greedy_ids(hf_model, prompt_ids, 5, ignore_eos=True)
