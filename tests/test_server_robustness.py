@@ -204,3 +204,28 @@ def test_tokenizing_runs_off_the_event_loop(small_body_server):
         slow_request.join()
     finally:
         tokenizer_cls.__call__ = real
+
+
+def test_commands_taken_with_the_one_that_kills_the_loop_are_answered_not_left_hanging(llm_engine):
+    engine = AsyncLLMEngine(llm_engine)
+
+    def broken_abort(request_ids):
+        raise RuntimeError("simulated fault in abort")
+
+    async def run():
+        running = await engine.add_request("a", "The history of Rome", LONG)
+        await first_output(running)   # the engine is stepping: the next commands arrive together, mid-step
+        llm_engine.abort_request = broken_abort
+        await engine.abort("a")
+        late = asyncio.ensure_future(engine.add_request("b", "Hi", LONG))
+        metrics = asyncio.ensure_future(engine.call(lambda e: "never"))
+        results = await asyncio.gather(late, metrics, return_exceptions=True)
+        return results, running
+
+    try:
+        results, _ = asyncio.run(asyncio.wait_for(run(), 60))   # a command left hanging would time out here
+    finally:
+        del llm_engine.abort_request
+        engine.shutdown()
+        llm_engine.abort_request(["a", "b"])
+    assert all(isinstance(r, EngineDeadError) for r in results) and "simulated fault in abort" in str(results[0])

@@ -69,6 +69,7 @@ class AsyncLLMEngine:
         self._lock = threading.Lock()     # orders "is it dead?" against "send a command"
         self.errored: EngineDeadError | None = None
         self.failed_steps = 0
+        self._taken: list = []   # commands the engine thread took off the queue and has not applied yet
         self.step_times: deque = deque(maxlen=4096)   # (start, end) of each step, for measuring the loop
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
@@ -142,10 +143,11 @@ class AsyncLLMEngine:
         try:
             while True:
                 # Sleep on the queue while there is nothing to run; otherwise only pick up what has arrived.
-                commands = [] if self.engine.has_unfinished_requests() else [self._commands.get()]
+                self._taken = [] if self.engine.has_unfinished_requests() else [self._commands.get()]
                 while not self._commands.empty():
-                    commands.append(self._commands.get())
-                for command in commands:
+                    self._taken.append(self._commands.get())
+                while self._taken:   # taken off the queue, not yet applied: _die answers them if we fail here
+                    command = self._taken.pop(0)
                     if command is _STOP:
                         return self._die(EngineDeadError("the engine was shut down"))
                     self._apply(command)
@@ -156,13 +158,14 @@ class AsyncLLMEngine:
 
     # notebooks/07_serving.ipynb, cell 24
     def _die(self, error: EngineDeadError) -> None:
-        """Errored for good: fail every open stream and every command still queued, refuse what comes after."""
+        """Errored for good: fail every open stream and every command not yet applied, refuse what comes after."""
         with self._lock:
             self.errored = error
             while not self._commands.empty():
-                command = self._commands.get()
-                if isinstance(command, (_Add, _Call)):
-                    _post(command.loop, _settle, command.added if isinstance(command, _Add) else command.done, error)
+                self._taken.append(self._commands.get())
+        for command in self._taken:
+            if isinstance(command, (_Add, _Call)):
+                _post(command.loop, _settle, command.added if isinstance(command, _Add) else command.done, error)
         for stream in self._streams.values():
             _post(stream.loop, stream.outputs.put_nowait, error)
         self._streams.clear()
