@@ -120,7 +120,7 @@ class Sequence:
         else:
             self.sampling_mask.append(mask)
 
-    # notebooks/06_fast_sampling.ipynb, cell 85
+    # notebooks/06_fast_sampling.ipynb, cell 86
     def record_logprobs(self, logprobs: dict[int, Logprob], token: int) -> None:
         """The sampled token's {id: Logprob}, before the token is appended."""
         self.logprobs.append(logprobs)

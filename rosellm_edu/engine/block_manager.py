@@ -52,7 +52,7 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    # notebooks/06_fast_sampling.ipynb, cell 92
+    # notebooks/06_fast_sampling.ipynb, cell 93
     def prefix_hits(self, seq: Sequence) -> list[int]:
         """Cached blocks that hold the start of seq. The last token is never a hit: its logits are needed. Nor is any
         token of a sequence that still owes prompt logprobs: those need the logits of every prompt position (NEW)."""

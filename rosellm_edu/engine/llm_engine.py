@@ -104,7 +104,7 @@ class LLMEngine:
             return prompt.get("prompt"), list(prompt["prompt_token_ids"])
         raise ValueError(f"a prompt is a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
 
-    # notebooks/06_fast_sampling.ipynb, cell 87
+    # notebooks/06_fast_sampling.ipynb, cell 88
     def make_sequence(self, request_id: str, prompt: Prompt, params: SamplingParams | None) -> Sequence:
         """Tokenize and check a request; a bad one raises ValueError naming what is wrong."""
         text, ids = self.tokenize(prompt)
@@ -169,7 +169,7 @@ class LLMEngine:
                 self.scheduler.remove(seq)
         return outputs
 
-    # notebooks/06_fast_sampling.ipynb, cell 90
+    # notebooks/06_fast_sampling.ipynb, cell 91
     def forward(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """Logits (sampling rows, vocab) of one step; records the prompt logprobs this step's chunks owe."""
         owed = [prompt_logprob_positions(s) for s in batch]
@@ -182,7 +182,7 @@ class LLMEngine:
         self.record_prompt_logprobs(batch, owed, logits[sampling:])
         return logits[:sampling]
 
-    # notebooks/06_fast_sampling.ipynb, cell 86
+    # notebooks/06_fast_sampling.ipynb, cell 87
     def pick_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """Every sampling row at once, one device->host transfer; records masks and logprobs for the requests that
         ask. The logprobs are of the model's raw logits, before the logits processors (vLLM's default)."""
@@ -243,14 +243,14 @@ class LLMEngine:
         """Make the engine's GPU the current one (graph capture and Triton launch on the current device)."""
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
-    # notebooks/06_fast_sampling.ipynb, cell 86
+    # notebooks/06_fast_sampling.ipynb, cell 87
     def with_text(self, logprobs: dict[int, Logprob]) -> dict[int, Logprob]:
         """Each entry's decoded_token: its id decoded alone."""
         for entry, text in zip(logprobs.values(), self.tokenizer.batch_decode([[t] for t in logprobs])):
             entry.decoded_token = text
         return logprobs
 
-    # notebooks/06_fast_sampling.ipynb, cell 87
+    # notebooks/06_fast_sampling.ipynb, cell 88
     def check_params(self, request_id: str, params: SamplingParams) -> None:
         """What SamplingParams cannot check alone: token ids inside this model's vocabulary, logprobs under the cap."""
         for name, ids in [("logit_bias", list(params.logit_bias or {})), ("stop_token_ids", params.stop_token_ids)]:
@@ -262,7 +262,7 @@ class LLMEngine:
                 raise ValueError(f"request {request_id!r}: SamplingParams.{name} must be at most {MAX_LOGPROBS}, "
                                  f"got {getattr(params, name)}")
 
-    # notebooks/06_fast_sampling.ipynb, cell 90
+    # notebooks/06_fast_sampling.ipynb, cell 91
     def record_prompt_logprobs(self, batch: list[ScheduledSeq], owed: list[range], logits: torch.Tensor) -> None:
         """logits (positions owed, V), in batch order: one table and one transfer for the whole step."""
         targets = [s.seq.prompt_token_ids[p + 1] for s, span in zip(batch, owed) for p in span]
@@ -283,11 +283,11 @@ def check_sizes(**sizes: int | None) -> None:
             raise ValueError(f"LLMEngine {name} must be a positive integer, got {value!r}")
 
 
-# notebooks/06_fast_sampling.ipynb, cell 86
+# notebooks/06_fast_sampling.ipynb, cell 87
 MAX_LOGPROBS = 20   # the most alternatives a request may ask for, per token (vLLM's default max_logprobs)
 
 
-# notebooks/06_fast_sampling.ipynb, cell 90
+# notebooks/06_fast_sampling.ipynb, cell 91
 def prompt_logprob_positions(s: ScheduledSeq) -> range:
     """The positions this step computes whose logits give a prompt logprob still owed (position p gives prompt
     token p + 1's); empty when the request did not ask."""

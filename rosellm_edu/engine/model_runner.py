@@ -68,7 +68,7 @@ class ModelRunner:
         self.graphs[rows].replay()
         return self.logits[:n].clone()                        # the buffer is overwritten by the next step
 
-    # notebooks/06_fast_sampling.ipynb, cell 89
+    # notebooks/06_fast_sampling.ipynb, cell 90
     def run_eager(self, batch: list[ScheduledSeq], tables: list[list[int]],
                   keep: list[range] | None = None) -> torch.Tensor:
         """One forward pass over the batch's new tokens, with attention metadata built for this batch. Logits of the
