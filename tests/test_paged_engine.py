@@ -86,12 +86,10 @@ def test_bad_requests_get_clear_errors_and_harm_no_other(hf_model, tokenizer):
         engine.add_request("huge", "word " * 40, params)
     with pytest.raises(ValueError, match="already running"):
         engine.add_request("good", "Hi", params)
-    with pytest.raises(KeyError, match="no unfinished request 'nobody'"):
-        engine.abort_request("nobody")
+    engine.abort_request("nobody")                      # an unknown id is ignored, as vLLM does
     outputs = []
     while engine.has_unfinished_requests():
         outputs += engine.step()
     assert outputs[-1].outputs[0].token_ids == hf_greedy(hf_model, tokenizer("The capital of France is").input_ids, 6)
-    with pytest.raises(KeyError, match="no unfinished request 'good'"):
-        engine.abort_request("good")
+    engine.abort_request("good")                        # so is a finished one
     assert engine.kv_cache_stats()["free_blocks"] == 8
