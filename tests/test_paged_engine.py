@@ -93,3 +93,16 @@ def test_bad_requests_get_clear_errors_and_harm_no_other(hf_model, tokenizer):
     assert outputs[-1].outputs[0].token_ids == hf_greedy(hf_model, tokenizer("The capital of France is").input_ids, 6)
     engine.abort_request("good")                        # so is a finished one
     assert engine.kv_cache_stats()["free_blocks"] == 8
+
+
+def test_max_model_len_shortens_the_context_as_vllms_does(hf_model):
+    llm = LLM(dtype="float32", max_model_len=24)
+    prompt = "The capital of France is"
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=None, ignore_eos=True), use_tqdm=False)[0]
+    assert len(out.prompt_token_ids) + len(out.outputs[0].token_ids) == 24
+    assert out.outputs[0].finish_reason == "length"
+    assert out.outputs[0].token_ids == hf_greedy(hf_model, out.prompt_token_ids, len(out.outputs[0].token_ids))
+    with pytest.raises(ValueError, match="context holds 24"):
+        llm.generate({"prompt_token_ids": [1] * 24}, use_tqdm=False)
+    with pytest.raises(ValueError, match="max_model_len=9000 is longer than the model's context"):
+        LLMEngine(dtype="float32", max_model_len=9000)

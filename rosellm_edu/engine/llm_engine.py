@@ -65,10 +65,15 @@ class LLMEngine:
                  device: str | torch.device | None = None, block_size: int = 16, num_kv_blocks: int | None = None,
                  kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
-                 enforce_eager: bool = False):
+                 enforce_eager: bool = False, max_model_len: int | None = None):
         check_sizes(block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                    num_kv_blocks=num_kv_blocks)
+                    num_kv_blocks=num_kv_blocks, max_model_len=max_model_len)
         self.load(model, dtype, device)
+        if max_model_len is not None:   # a shorter context than the model's, as vLLM's max_model_len
+            if max_model_len > self.max_model_len:
+                raise ValueError(f"LLMEngine max_model_len={max_model_len} is longer than the model's context "
+                                 f"({self.max_model_len} tokens)")
+            self.max_model_len = max_model_len
         config = self.model.config
         num_blocks = num_kv_blocks or blocks_in_budget(config, block_size, self.dtype, self.device,
                                                        kv_cache_memory_bytes, gpu_memory_utilization)
