@@ -293,3 +293,10 @@ def test_stop_string_kept_when_asked_and_special_tokens_shown_when_asked(client,
     ref = offline_output(offline, prompt, max_tokens=12, temperature=0, stop=[","], **extra).outputs[0]
     without = offline_output(offline, prompt, max_tokens=12, temperature=0, stop=[","]).outputs[0]
     assert r.choices[0].text == ref.text == without.text + ","
+
+
+@pytest.mark.parametrize("echo", [False, True])
+def test_out_of_range_token_ids_are_a_400_naming_the_prompt_echoed_or_not(server, echo):
+    r = post(server, "/v1/completions", {"model": MODEL, "prompt": [1, -5, 47], "max_tokens": 2, "echo": echo})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    assert httpx.get(server[0].removesuffix("/v1") + "/health").status_code == 200   # still serving

@@ -24,6 +24,7 @@ def serve(argv: list[str]) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--max-model-len", type=int, default=None, help="a shorter context than the model's")
     parser.add_argument("--max-request-body-bytes", type=int, default=4 * 2**20,
                         help="a larger request body is refused with 413 before it is parsed (default: 4 MiB)")
     args = parser.parse_args(argv)
@@ -41,7 +42,8 @@ def serve(argv: list[str]) -> None:
                                       gpu_memory_utilization=args.gpu_memory_utilization,
                                       block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                                       max_num_batched_tokens=args.max_num_batched_tokens,
-                                      enable_prefix_caching=not args.no_prefix_caching))
+                                      enable_prefix_caching=not args.no_prefix_caching,
+                                      max_model_len=args.max_model_len))
     name = args.served_model_name or args.model or EMBEDDED_NAME
     print(f"serving {name!r} at http://{args.host}:{args.port}/v1", flush=True)
     try:

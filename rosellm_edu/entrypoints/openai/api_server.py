@@ -418,6 +418,8 @@ async def whole_response(raw: Request, state: ResponseState,
 # notebooks/07_serving.ipynb, cell 70
 def encode_prompts(tokenizer, prompts: list[str | list[int]], echo: bool) -> list[tuple[str | None, list[int]]]:
     """(text, token ids) of each prompt; token-id prompts get their text only when it is echoed."""
+    if echo and not all(0 <= t < len(tokenizer) for p in prompts if not isinstance(p, str) for t in p):
+        raise OpenAIError(400, f"prompt: token ids must be integers in [0, {len(tokenizer)})", "prompt")
     return [(p, tokenizer(p).input_ids) if isinstance(p, str) else (tokenizer.decode(p) if echo else None, p)
             for p in prompts]
 
