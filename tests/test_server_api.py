@@ -8,43 +8,14 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from rosellm_edu import LLM, SamplingParams
+from rosellm_edu import SamplingParams
 from rosellm_edu.engine.async_llm_engine import AsyncLLMEngine
-from rosellm_edu.engine.llm_engine import LLMEngine
-from rosellm_edu.entrypoints.openai.api_server import ServerThread, build_app
 
-MODEL = "smollm2-test"
-ENGINE_KWARGS = dict(dtype="float32", num_kv_blocks=512, block_size=16, max_num_seqs=64)
-
-
-@pytest.fixture(scope="module")
-def server():
-    engine = AsyncLLMEngine(LLMEngine(**ENGINE_KWARGS))
-    thread = ServerThread(build_app(engine, MODEL))
-    url = thread.start()
-    yield url, engine
-    thread.stop()
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server[0], api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def offline():
-    return LLM(**ENGINE_KWARGS)
+from test_server import ENGINE_KWARGS, MODEL, chat_ids, client, offline, server  # noqa: F401 (fixtures)
 
 
 def offline_output(offline, prompt, **params):
     return offline.generate([prompt], SamplingParams(**params), use_tqdm=False)[0]
-
-
-def chat_ids(offline, messages) -> dict:
-    ids = offline.get_tokenizer().apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                      return_dict=True)["input_ids"]
-    return {"prompt_token_ids": ids}
 
 
 def post(server, path, body, **kw):
@@ -161,15 +132,6 @@ def test_continuous_usage_stats_count_every_token(client):
     counts = [c.usage.completion_tokens for c in chunks]
     assert counts == sorted(counts) and counts[-1] == 6 and chunks[-1].choices == []
     assert all(c.usage.prompt_tokens == chunks[0].usage.prompt_tokens for c in chunks)
-
-
-@pytest.fixture(scope="module")
-def hf_model():
-    from transformers import AutoModelForCausalLM
-
-    from rosellm_edu.model_loader import resolve_model
-
-    return AutoModelForCausalLM.from_pretrained(resolve_model(None), dtype=torch.float32).eval()
 
 
 def test_echo_logprobs_as_lm_eval_reads_them_equal_transformers_log_softmax(server, offline, hf_model):
