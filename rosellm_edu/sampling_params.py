@@ -43,60 +43,55 @@ class SamplingParams:
 
     # notebooks/06_fast_sampling.ipynb, cell 43
     def _validate(self):
-        def fail(name, why):
-            raise ValueError(f"SamplingParams.{name} {why}, got {getattr(self, name)!r}")
-
-        if not _is_finite(self.temperature) or self.temperature < 0:
-            fail("temperature", "must be a finite number >= 0 (0 means greedy)")
-        if not _is_int(self.top_k):
-            fail("top_k", "must be an integer (<= 0 turns top-k off)")
-        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
-            fail("top_p", "must be in (0, 1]")
-        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
-            fail("min_p", "must be in [0, 1]")
-        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            fail("max_tokens", "must be an integer >= 1, or None (up to the context)")
-        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= (self.max_tokens or self.min_tokens):
-            fail("min_tokens", "must be an integer >= 0 and at most max_tokens")
-        if self.seed is not None and (not _is_int(self.seed) or not -2**63 <= self.seed < 2**64):
-            fail("seed", "must be an integer in [-2**63, 2**64) or None")
-        if not all(isinstance(s, str) and s for s in self.stop):
-            fail("stop", "must be a non-empty string or a list of them")
-        if not all(_is_int(t) for t in self.stop_token_ids):
-            fail("stop_token_ids", "must be a list of integers")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not _is_finite(getattr(self, name)) or not -2 <= getattr(self, name) <= 2:
-                fail(name, "must be in [-2, 2]")
-        if not _is_finite(self.repetition_penalty) or self.repetition_penalty <= 0:
-            fail("repetition_penalty", "must be a finite number > 0 (1 is off)")
-        if self.logit_bias is not None and not (isinstance(self.logit_bias, dict) and all(
-                _is_int(k) and _is_finite(v) for k, v in self.logit_bias.items())):
-            fail("logit_bias", "must map token ids (integers) to finite numbers")
-        if not _is_int(self.n) or self.n < 1:
-            fail("n", "must be an integer >= 1")
-        for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):
-            if not isinstance(getattr(self, name), bool):
-                fail(name, "must be True or False")
-        self._validate_outputs(fail)   # what this chapter adds
-
-    # notebooks/06_fast_sampling.ipynb, cell 44
-    def _validate_outputs(self, fail):
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 0):
-                fail(name, "must be None or an integer >= 0 (alternatives returned besides the chosen token)")
-        if not isinstance(self.return_sampling_mask, bool):
-            fail("return_sampling_mask", "must be True or False")
+        check_sampling(self)
+        check_penalties(self)
+        check_samples(self)
+        check_outputs(self)                                                          # what this chapter adds
 
 
 # notebooks/01_token_generation.ipynb, cell 8
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+def check_sampling(p: SamplingParams) -> None:
+    """Each field in its range, or a ValueError that names it."""
+    if not _in_range(p.temperature, 0, math.inf):
+        _fail(p, "temperature", "must be a finite number >= 0 (0 means greedy)")
+    if not _is_int(p.top_k):
+        _fail(p, "top_k", "must be an integer (<= 0 turns top-k off)")
+    if not _is_number(p.top_p) or not 0 < p.top_p <= 1:
+        _fail(p, "top_p", "must be in (0, 1]")
+    if not _in_range(p.min_p, 0, 1):
+        _fail(p, "min_p", "must be in [0, 1] (0 turns min-p off)")
+    if p.max_tokens is not None and (not _is_int(p.max_tokens) or p.max_tokens < 1):
+        _fail(p, "max_tokens", "must be an integer >= 1, or None (up to the context)")
+    if not _is_int(p.min_tokens) or not 0 <= p.min_tokens <= (p.max_tokens or math.inf):
+        _fail(p, "min_tokens", "must be an integer in [0, max_tokens]")
+    if p.seed is not None and (not _is_int(p.seed) or not -2**63 <= p.seed < 2**64):
+        _fail(p, "seed", "must be an integer in [-2**63, 2**64) or None")
+    if not all(isinstance(s, str) and s for s in p.stop):
+        _fail(p, "stop", "must be a non-empty string or a list of them")
+    if not all(_is_int(t) for t in p.stop_token_ids):
+        _fail(p, "stop_token_ids", "must be a list of integers")
+    for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):
+        if not isinstance(getattr(p, name), bool):
+            _fail(p, name, "must be True or False")
 
 
 # notebooks/01_token_generation.ipynb, cell 8
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+def _fail(p: SamplingParams, name: str, why: str):
+    raise ValueError(f"SamplingParams.{name} {why}, got {getattr(p, name)!r}")
+
+
+# notebooks/01_token_generation.ipynb, cell 9
+def check_penalties(p: SamplingParams) -> None:
+    if not _in_range(p.presence_penalty, -2, 2):
+        _fail(p, "presence_penalty", "must be in [-2, 2] (0 turns it off)")
+    if not _in_range(p.frequency_penalty, -2, 2):
+        _fail(p, "frequency_penalty", "must be in [-2, 2] (0 turns it off)")
+    if not _in_range(p.repetition_penalty, 0, math.inf) or p.repetition_penalty == 0:
+        _fail(p, "repetition_penalty", "must be a finite number > 0 (1 turns it off)")
+    bias = p.logit_bias
+    if bias is not None and not (isinstance(bias, dict) and all(
+            _is_int(t) and t >= 0 and _in_range(b, -100, 100) for t, b in bias.items())):
+        _fail(p, "logit_bias", "must map token ids (integers >= 0) to numbers in [-100, 100]")
 
 
 # notebooks/01_token_generation.ipynb, cell 9
@@ -105,6 +100,29 @@ def _in_range(x, low: float, high: float) -> bool:
     return _is_number(x) and math.isfinite(x) and low <= x <= high
 
 
+# notebooks/01_token_generation.ipynb, cell 9
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+# notebooks/01_token_generation.ipynb, cell 9
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+# notebooks/04_paged_attention.ipynb, cell 80
+def check_samples(p: SamplingParams) -> None:
+    if not _is_int(p.n) or p.n < 1:
+        _fail(p, "n", "must be an integer >= 1")
+    if p.seed is not None and p.seed + p.n > 2**64:                              # sample i uses seed + i
+        _fail(p, "seed", "leaves no room for the n samples' seeds (seed + n - 1 must be below 2**64)")
+
+
 # notebooks/06_fast_sampling.ipynb, cell 44
-def _is_finite(x) -> bool:
-    return _is_number(x) and math.isfinite(x)
+def check_outputs(p: SamplingParams) -> None:
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(p, name)
+        if value is not None and (not _is_int(value) or value < 0):
+            _fail(p, name, "must be None or an integer >= 0 (alternatives returned besides the chosen token)")
+    if not isinstance(p.return_sampling_mask, bool):
+        _fail(p, "return_sampling_mask", "must be True or False")
