@@ -1,4 +1,4 @@
-# Generated from notebooks/01_token_generation.ipynb, notebooks/06_fast_sampling.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/01_token_generation.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/08_where_the_time_goes.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -66,13 +66,14 @@ class Sequence:
     def finish(self, reason: str, stop_reason: str | int | None = None) -> None:
         self.status, self.finish_reason, self.stop_reason = SequenceStatus.FINISHED, reason, stop_reason
 
-    # notebooks/06_fast_sampling.ipynb, cell 49
+    # notebooks/08_where_the_time_goes.ipynb, cell 32
     def output(self) -> RequestOutput:
-        completion = CompletionOutput(0, self.text, list(self.output_token_ids), self.finish_reason,
-                                      self.stop_reason, _copy(self.sampling_mask), _copy(self.sampling_logz),
-                                      self.cumulative_logprob, _copy(self.logprobs))
-        return RequestOutput(self.request_id, self.prompt, list(self.prompt_token_ids), [completion], self.finished,
-                             _copy(self.prompt_logprobs))
+        """The request's output so far. NEW: it shares the sequence's lists instead of copying them every step (a
+        finished request's never change again; a running one's grow: copy them if you keep one)."""
+        completion = CompletionOutput(0, self.text, self.output_token_ids, self.finish_reason, self.stop_reason,
+                                      self.sampling_mask, self.sampling_logz, self.cumulative_logprob, self.logprobs)
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, [completion], self.finished,
+                             self.prompt_logprobs)
 
     # notebooks/01_token_generation.ipynb, cell 30
     def append_token(self, token: int, tokenizer, eos_token_ids: set[int], max_model_len: int) -> None:
@@ -125,6 +126,16 @@ class Sequence:
         """The sampled token's {id: Logprob}, before the token is appended."""
         self.logprobs.append(logprobs)
         self.cumulative_logprob += logprobs[token].logprob
+
+    # notebooks/08_where_the_time_goes.ipynb, cell 32
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """token_ids[start:end], reading only those positions (NEW: token_ids builds all of them)."""
+        prompt_len = len(self.prompt_token_ids)
+        if end <= prompt_len:
+            return self.prompt_token_ids[start:end]
+        if start >= prompt_len:
+            return self.output_token_ids[start - prompt_len:end - prompt_len]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - prompt_len]
 
 
 # notebooks/06_fast_sampling.ipynb, cell 49

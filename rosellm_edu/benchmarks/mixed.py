@@ -8,6 +8,16 @@ Every configuration runs in this one process on the same requests, so the ratios
 their longest prompt and runs them to their longest output, at each of --hf-batch-sizes. `openai` drives any
 OpenAI-compatible server at --url (ours from `rosellm-edu serve`, or vLLM, SGLang), streaming, with the same
 metrics (rosellm_edu.benchmarks.client).
+
+Beside the metrics of rosellm_edu.benchmarks.metrics, an `llm` run reports its roofline floor (chapter 08): each
+step's least time on this machine, max(FLOPs / matmul throughput, bytes / memory bandwidth), both ceilings measured
+at the start of the run (rosellm_edu.benchmarks.roofline), summed over the run's steps:
+- `roofline_floor_s`: the floor of the whole run, `prefill_floor_s` + `decode_floor_s`;
+- `prefill_floor_s`, `decode_floor_s`: the floors of the steps that compute prompt positions (prefill chunks,
+  mixed with decodes or not) and of the steps in which every sequence computes one token (decode);
+- `prefill_time_s`, `decode_time_s`: the time the engine spent in `step()` for each kind of step;
+- `prefill_steps`, `decode_steps`: how many steps of each kind;
+- `bandwidth_gb_s`, `matmul_gflop_s`: the measured ceilings.
 """
 
 import argparse
@@ -52,6 +62,7 @@ def run_llm(model_dir, dtype, requests, request_rate: float, engine_kwargs: dict
               for i, (p, _) in enumerate(requests[:4])]
     for _ in stream(engine, warmup):
         pass
+    steps = StepClock(engine)                                   # from here on, every step is timed and counted
     reqs = [Request(str(i), {"prompt_token_ids": p}, request_params(n, sampling), t) for i, ((p, n), t) in
             enumerate(zip(requests, arrival_times(len(requests), request_rate)))]
     times = {r.request_id: RequestTimes(r.arrival_time, prompt_tokens=len(r.prompt["prompt_token_ids"])) for r in reqs}
@@ -64,7 +75,7 @@ def run_llm(model_dir, dtype, requests, request_rate: float, engine_kwargs: dict
             if delta.finished:
                 bar.update()
     summary = summarize(list(times.values()), time.perf_counter() - start)
-    summary["matmul_floor_s"] = matmul_floor(engine.model, summary["prompt_tokens"], summary["completion_tokens"], dtype)
+    summary.update(steps.floors(engine.model, engine.device))
     summary["kv_cache_stats"] = engine.kv_cache_stats()
     summary["preemptions"] = engine.scheduler.num_preemptions
     return summary
@@ -78,27 +89,54 @@ def arrival_times(num_requests: int, request_rate: float) -> list[float]:
     return torch.empty(num_requests).exponential_(request_rate, generator=gen).cumsum(0).tolist()
 
 
-def matmul_floor(model, prompt_tokens: int, completion_tokens: int, dtype: str) -> float:
-    """A lower bound on the run, in seconds: the time this machine takes for the workload's matmuls alone,
-    prompts at 2048 rows per matmul and decode steps at 64 rows (the largest batch of the workloads)."""
-    layers = next(m for m in model.modules() if isinstance(m, torch.nn.ModuleList))   # the decoder layers
-    body = [m for m in layers[0].modules() if isinstance(m, torch.nn.Linear)]
-    head = torch.nn.Linear(body[0].in_features, model.config.vocab_size, bias=False).to(getattr(torch, dtype))
+class StepClock:
+    """Wraps engine.step: records each step's batch shape (positions cached, positions new, per sequence) and
+    its duration, so that the run's roofline floor and the engine's time can be split by kind of step."""
 
-    def seconds_per_row(linears, rows: int) -> float:
-        inputs = [torch.randn(rows, m.in_features, dtype=getattr(torch, dtype)) for m in linears]
-        best = float("inf")
-        with torch.no_grad():
-            for _ in range(3):
-                start = time.perf_counter()
-                for m, x in zip(linears, inputs):
-                    m(x)
-                best = min(best, time.perf_counter() - start)
-        return best / rows
+    def __init__(self, engine):
+        self.steps: list[tuple[list[int], list[int], float]] = []
+        schedule, step = engine.scheduler.schedule, engine.step
+        batch = []
 
-    prefill = len(layers) * seconds_per_row(body, 2048)
-    decode = len(layers) * seconds_per_row(body, 64) + seconds_per_row([head], 64)
-    return prompt_tokens * prefill + completion_tokens * decode
+        def scheduled():
+            batch[:] = schedule()
+            return batch
+
+        def timed_step():
+            batch.clear()
+            start = time.perf_counter()
+            out = step()
+            if batch:
+                self.steps.append(([s.num_computed for s in batch], [s.num_new for s in batch],
+                                   time.perf_counter() - start))
+            return out
+
+        engine.scheduler.schedule, engine.step = scheduled, timed_step
+
+    def floors(self, model, device: torch.device) -> dict:
+        """The run's roofline floor, per kind of step, beside the time the engine took for each kind."""
+        from rosellm_edu.benchmarks.roofline import ModelCost, matmul_shapes, matmul_throughput, memory_bandwidth
+
+        dtype = next(model.parameters()).dtype
+        cost, bandwidth = ModelCost.of(model), memory_bandwidth(device=device)
+        throughput = max(matmul_throughput(matmul_shapes(model, rows), dtype, device) for rows in (64, 2048))
+        out = {"bandwidth_gb_s": bandwidth / 1e9, "matmul_gflop_s": throughput / 1e9}
+        for kind in ("prefill", "decode"):
+            mine = [(c, n, t) for c, n, t in self.steps if (kind == "decode") == all(x == 1 for x in n)]
+            out[f"{kind}_floor_s"] = sum(cost.step_floor(c, n, throughput, bandwidth) for c, n, _ in mine)
+            out[f"{kind}_time_s"] = sum(t for _, _, t in mine)
+            out[f"{kind}_steps"] = len(mine)
+        out["roofline_floor_s"] = out["prefill_floor_s"] + out["decode_floor_s"]
+        return out
+
+
+def format_floors(summary: dict) -> str:
+    floor = summary["roofline_floor_s"]
+    return (f"Roofline floor: {floor:.2f} s ({floor / summary['duration_s']:.0%} of the run; "
+            f"{summary['bandwidth_gb_s']:.1f} GB/s, {summary['matmul_gflop_s']:.0f} GFLOP/s): prefill "
+            f"{summary['prefill_floor_s']:.2f} s of the engine's {summary['prefill_time_s']:.2f} s in "
+            f"{summary['prefill_steps']} steps, decode {summary['decode_floor_s']:.2f} s of its "
+            f"{summary['decode_time_s']:.2f} s in {summary['decode_steps']} steps")
 
 
 def request_params(max_tokens: int, sampling: dict) -> SamplingParams:
@@ -196,10 +234,8 @@ def main(argv=None) -> None:
             for summary in runs:
                 title = f"{engine} {dtype if engine != 'openai' else '(the server chooses its dtype)'}" + (f" batch={summary['batch_size']}" if engine == "transformers" else "")
                 print(format_summary(summary, title), flush=True)
-                if "matmul_floor_s" in summary:
-                    floor = summary["matmul_floor_s"]
-                    print(f"Matmul floor: {floor:.2f} s, so at most {summary['completion_tokens'] / floor:.1f} "
-                          f"tokens/s on this machine ({floor / summary['duration_s']:.0%} of the run)")
+                if "roofline_floor_s" in summary:
+                    print(format_floors(summary))
             best = max(runs, key=lambda s: s["throughput_tok_s"])
             label = "server's own" if engine == "openai" else dtype   # we cannot know a remote server's dtype
             results.append({"engine": engine, "dtype": label, **best, "all_runs": runs})

@@ -1,4 +1,4 @@
-# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/06_fast_sampling.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/08_where_the_time_goes.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -7,6 +7,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from rosellm_edu.sequence import Sequence
 
@@ -37,13 +38,14 @@ def share(part: int, whole: int) -> float:
 class BlockManager:
     """Fixed-size KV blocks handed out on demand, shared through reference counts, cached by prefix."""
 
-    # notebooks/04_paged_attention.ipynb, cell 84
+    # notebooks/08_where_the_time_goes.ipynb, cell 37
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         self.block_size, self.enable_prefix_caching = block_size, enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU first
         self.cached: dict[bytes, int] = {}                # hash -> block id, for free and used full blocks
         self.block_tables: dict[str, list[int]] = {}
+        self.table = BlockTable()                         # the same tables, as tensor rows
         self.num_hashed: dict[str, int] = {}              # leading blocks of a sequence that have a hash
         self.queried_tokens = self.hit_tokens = 0                   # new requests' prompt tokens, and cache hits
         self.resumed_queried_tokens = self.resumed_hit_tokens = 0   # the same for preempted sequences readmitted
@@ -69,7 +71,7 @@ class BlockManager:
                 hits.append(block_id)
         return hits
 
-    # notebooks/04_paged_attention.ipynb, cell 13
+    # notebooks/08_where_the_time_goes.ipynb, cell 37
     def allocate(self, seq: Sequence, resumed: bool = False) -> int | None:
         """Give seq blocks for all its tokens; returns how many are cached already, or None if out of blocks.
         resumed: seq was preempted, so most hits are its own blocks, counted apart from the prefix hit rate."""
@@ -80,6 +82,7 @@ class BlockManager:
         for b in hits:
             self._ref(b)
         self.block_tables[seq.request_id] = hits + [self._take_free() for _ in range(fresh)]
+        self.table.write(seq.request_id, self.block_tables[seq.request_id])
         self.num_hashed[seq.request_id] = len(hits)
         if resumed:
             self.resumed_queried_tokens += len(seq)
@@ -89,7 +92,7 @@ class BlockManager:
             self.hit_tokens += len(hits) * self.block_size
         return len(hits) * self.block_size
 
-    # notebooks/04_paged_attention.ipynb, cell 85
+    # notebooks/08_where_the_time_goes.ipynb, cell 38
     def ensure(self, seq: Sequence, num_computed: int, num_tokens: int) -> bool:
         """Grow seq's block table to hold num_tokens, and give seq its own copy of every shared block that positions
         num_computed onward write into; False (nothing changed) if the free blocks do not suffice."""
@@ -99,30 +102,33 @@ class BlockManager:
         more = self.blocks_needed(num_tokens) - len(table)
         if more + len(shared) > len(self.free_blocks):                                    # copies need blocks
             return False
+        changed = shared[0] if shared else len(table)                                      # first entry to rewrite
         for i in shared:                                                                   # copy-on-write
             table[i] = self.copy_on_write(table[i])
         table += [self._take_free() for _ in range(more)]
+        self.table.write(seq.request_id, table, changed)                                   # only what changed
         return True
 
-    # notebooks/04_paged_attention.ipynb, cell 15
+    # notebooks/08_where_the_time_goes.ipynb, cell 39
     def commit(self, seq: Sequence, num_computed: int) -> None:
         """Hash the blocks that num_computed positions have filled, so later requests can share them."""
         if not self.enable_prefix_caching:
             return
-        table, ids = self.block_tables[seq.request_id], seq.token_ids
+        table, bs = self.block_tables[seq.request_id], self.block_size
         done = self.num_hashed[seq.request_id]
         prev = self.blocks[table[done - 1]].hash if done else None
-        for i in range(done, num_computed // self.block_size):
+        for i in range(done, num_computed // bs):
             block = self.blocks[table[i]]
-            block.token_ids = tuple(ids[i * self.block_size:(i + 1) * self.block_size])
+            block.token_ids = tuple(seq.token_slice(i * bs, (i + 1) * bs))    # was seq.token_ids, every step
             block.hash = prev = chain_hash(prev, block.token_ids)
             self.cached.setdefault(prev, block.block_id)
-        self.num_hashed[seq.request_id] = max(done, num_computed // self.block_size)
+        self.num_hashed[seq.request_id] = max(done, num_computed // bs)
 
-    # notebooks/04_paged_attention.ipynb, cell 15
+    # notebooks/08_where_the_time_goes.ipynb, cell 39
     def free(self, request_id: str) -> None:
         """Drop a sequence's references. Unused blocks become free; those holding a prefix stay reusable."""
         self.num_hashed.pop(request_id, None)
+        self.table.drop(request_id)
         for b in reversed(self.block_tables.pop(request_id, [])):  # a prefix's tail is evicted before its head
             block = self.blocks[b]
             block.ref_count -= 1
@@ -153,13 +159,14 @@ class BlockManager:
                 "prefix_hit_rate": share(self.hit_tokens, self.queried_tokens),
                 "resumed_hit_rate": share(self.resumed_hit_tokens, self.resumed_queried_tokens)}
 
-    # notebooks/04_paged_attention.ipynb, cell 84
+    # notebooks/08_where_the_time_goes.ipynb, cell 38
     def fork(self, parent_id: str, child_id: str) -> None:
         """The child shares all the parent's blocks: the same table, one more reference on each block."""
         table = self.block_tables[parent_id]
         for b in table:
             self.blocks[b].ref_count += 1
         self.block_tables[child_id] = list(table)
+        self.table.write(child_id, table)
         self.num_hashed[child_id] = self.num_hashed[parent_id]
 
     # notebooks/04_paged_attention.ipynb, cell 85
@@ -175,3 +182,45 @@ class BlockManager:
         """The copies recorded since the last call, for the engine to make before its forward pass."""
         copies, self.copies = self.copies, []
         return copies
+
+
+# notebooks/08_where_the_time_goes.ipynb, cell 34
+class BlockTable:
+    """Every sequence's block ids as rows of one int32 tensor, padded with block 0, kept in step with the block
+    manager's lists: a row changes only where its list changed, and a step gathers its rows in one call."""
+
+    def __init__(self, rows: int = 64, width: int = 32):
+        self.ids = torch.zeros(rows, width, dtype=torch.int32)
+        self.row: dict[str, int] = {}                    # request id -> its row
+        self.free_rows = list(range(rows - 1, -1, -1))
+
+    def write(self, request_id: str, table: list[int], start: int = 0) -> None:
+        """Copy table[start:] into request_id's row, seating a new request in a free row."""
+        if request_id not in self.row:
+            if not self.free_rows:
+                self.grow(2 * self.ids.shape[0], self.ids.shape[1])
+            self.row[request_id] = self.free_rows.pop()
+        if len(table) > self.ids.shape[1]:
+            self.grow(self.ids.shape[0], max(2 * self.ids.shape[1], len(table)))
+        if start < len(table):
+            self.ids[self.row[request_id], start:len(table)] = torch.tensor(table[start:], dtype=torch.int32)
+
+    def drop(self, request_id: str) -> None:
+        row = self.row.pop(request_id, None)
+        if row is not None:
+            self.ids[row] = 0                             # the padding the next occupant expects
+            self.free_rows.append(row)
+
+    def rows(self, request_ids: list[str], width: int) -> torch.Tensor:
+        """(len(request_ids), width) int32: the first `width` block ids of each, a copy."""
+        index = torch.tensor([self.row[r] for r in request_ids], dtype=torch.long)
+        return self.ids[:, :width].index_select(0, index)
+
+    # notebooks/08_where_the_time_goes.ipynb, cell 35
+    def grow(self, rows: int, width: int) -> None:
+        """More rows (more sequences at once) or more columns (a longer sequence): a bigger tensor, the old one in its
+        corner. Rare: the sizes double."""
+        ids = torch.zeros(rows, width, dtype=torch.int32)
+        ids[:self.ids.shape[0], :self.ids.shape[1]] = self.ids
+        self.free_rows = list(range(rows - 1, self.ids.shape[0] - 1, -1)) + self.free_rows
+        self.ids = ids

@@ -1,4 +1,4 @@
-# Generated from notebooks/01_token_generation.ipynb, notebooks/02_kv_cache.ipynb, notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/05_cuda_graphs.ipynb, notebooks/06_fast_sampling.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/01_token_generation.ipynb, notebooks/02_kv_cache.ipynb, notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/05_cuda_graphs.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/08_where_the_time_goes.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -11,7 +11,7 @@ import torch
 
 from rosellm_edu.engine.block_manager import BlockManager
 from rosellm_edu.engine.kv_cache import KVCache, blocks_in_budget
-from rosellm_edu.engine.model_runner import ModelRunner
+from rosellm_edu.engine.model_runner import ModelRunner, table_rows
 from rosellm_edu.engine.parallel_sampling import child_id, sample_params
 from rosellm_edu.engine.scheduler import ScheduledSeq, Scheduler
 from rosellm_edu.layers.logits_processors import apply_logits_processors
@@ -174,15 +174,15 @@ class LLMEngine:
                 self.scheduler.remove(seq)
         return outputs
 
-    # notebooks/06_fast_sampling.ipynb, cell 91
+    # notebooks/08_where_the_time_goes.ipynb, cell 48
     def forward(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """Logits (sampling rows, vocab) of one step; records the prompt logprobs this step's chunks owe."""
         owed = [prompt_logprob_positions(s) for s in batch]
-        tables = self.scheduler.block_manager.block_tables
+        table = self.scheduler.block_manager.table                     # the tensor rows, not the lists
         with self.device_context():
             if not any(owed):
-                return self.runner.run(batch, tables)
-            logits = self.runner.run_eager(batch, [tables[s.seq.request_id] for s in batch], owed)
+                return self.runner.run(batch, table)
+            logits = self.runner.run_eager(batch, table_rows(table, batch, self.kv_cache.block_size), owed)
         sampling = sum(s.samples for s in batch)
         self.record_prompt_logprobs(batch, owed, logits[sampling:])
         return logits[:sampling]

@@ -1,4 +1,4 @@
-# Generated from notebooks/05_cuda_graphs.ipynb, notebooks/06_fast_sampling.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/05_cuda_graphs.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/08_where_the_time_goes.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -6,9 +6,10 @@ from bisect import bisect_left
 
 import torch
 
+from rosellm_edu.engine.block_manager import BlockTable
 from rosellm_edu.engine.kv_cache import KVCache
 from rosellm_edu.engine.scheduler import ScheduledSeq
-from rosellm_edu.layers.paged_attention import PagedAttention, SeqGroup, decode_kernel, slot_mapping
+from rosellm_edu.layers.paged_attention import PagedAttention, SeqGroup, decode_kernel, padded_tables
 
 
 # notebooks/05_cuda_graphs.ipynb, cell 19
@@ -32,8 +33,8 @@ class ModelRunner:
     """Runs the model over a scheduled batch and returns the logits of the rows that sample. Prefill and mixed
     batches run eagerly; decode batches run through static buffers, replayed as CUDA graphs on a GPU."""
 
-    def __init__(self, model, kv_cache: KVCache, max_num_seqs: int, max_model_len: int, *,
-                 enforce_eager: bool = False):
+    # notebooks/08_where_the_time_goes.ipynb, cell 45
+    def __init__(self, model, kv_cache: KVCache, max_num_seqs: int, max_model_len: int, *, enforce_eager: bool = False):
         self.model, self.kv_cache = model, kv_cache
         self.buckets = batch_size_buckets(max_num_seqs)
         self.max_num_seqs = max_num_seqs
@@ -49,15 +50,20 @@ class ModelRunner:
         self.block_tables = torch.zeros(max_num_seqs, max_blocks, dtype=torch.int32, device=device)
         self.context_lens = torch.ones(max_num_seqs, dtype=torch.int32, device=device)
         self.logits = torch.zeros(max_num_seqs, model.config.vocab_size, dtype=kv_cache.k.dtype, device=device)
+        # where a step's inputs are written on the host. On a GPU, pinned (page-locked) CPU memory, from which a
+        # non_blocking copy returns at once; on a CPU the buffers themselves, so nothing is copied twice.
+        names = ["input_ids", "positions", "slot_mapping", "context_lens", "block_tables"]
+        self.staging = {name: getattr(self, name) if device.type == "cpu" else
+                        torch.empty_like(getattr(self, name), device="cpu").pin_memory() for name in names}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         if device.type == "cuda" and not enforce_eager:
             self.capture()
 
-    # notebooks/05_cuda_graphs.ipynb, cell 23
+    # notebooks/08_where_the_time_goes.ipynb, cell 43
     @torch.no_grad()
-    def run(self, batch: list[ScheduledSeq], block_tables: dict[str, list[int]]) -> torch.Tensor:
+    def run(self, batch: list[ScheduledSeq], block_tables: BlockTable | dict[str, list[int]]) -> torch.Tensor:
         """Logits (sampling rows, vocab), in batch order."""
-        tables = [block_tables[s.seq.request_id] for s in batch]
+        tables = table_rows(block_tables, batch, self.kv_cache.block_size)                 # (seqs, width)
         if not self.is_decode(batch):
             return self.run_eager(batch, tables)
         n = len(batch)
@@ -68,14 +74,14 @@ class ModelRunner:
         self.graphs[rows].replay()
         return self.logits[:n].clone()                        # the buffer is overwritten by the next step
 
-    # notebooks/06_fast_sampling.ipynb, cell 90
-    def run_eager(self, batch: list[ScheduledSeq], tables: list[list[int]],
+    # notebooks/08_where_the_time_goes.ipynb, cell 44
+    def run_eager(self, batch: list[ScheduledSeq], tables: torch.Tensor | list[list[int]],
                   keep: list[range] | None = None) -> torch.Tensor:
         """One forward pass over the batch's new tokens, with attention metadata built for this batch. Logits of the
-        sampling rows, in batch order, then (NEW) those of the positions keep[i] of each batch[i], in order."""
+        sampling rows, in batch order, then those of the positions keep[i] of each batch[i], in order."""
         ids, positions, last_rows, kept_rows, start = [], [], [], [], 0
         for i, s in enumerate(batch):
-            ids += s.seq.token_ids[s.num_computed:s.num_computed + s.num_new]
+            ids += s.seq.token_slice(s.num_computed, s.num_computed + s.num_new)   # not the whole token_ids
             positions += range(s.num_computed, s.num_computed + s.num_new)
             if keep:
                 kept_rows += [start + p - s.num_computed for p in keep[i]]
@@ -98,22 +104,29 @@ class ModelRunner:
         """The smallest bucket that holds num_seqs rows."""
         return self.buckets[bisect_left(self.buckets, num_seqs)]
 
-    # notebooks/05_cuda_graphs.ipynb, cell 27
-    def prepare_decode(self, batch: list[ScheduledSeq], tables: list[list[int]], rows: int) -> int:
+    # notebooks/08_where_the_time_goes.ipynb, cell 46
+    def prepare_decode(self, batch: list[ScheduledSeq], tables: torch.Tensor | list[list[int]], rows: int) -> int:
         """Write the batch into the first `rows` rows of the static buffers, padding rows after it; returns the
         block-table width the batch uses. A padded row is token 0 at position 0, whose K/V go to the scratch
-        slot and whose context is that one slot: harmless, and finite."""
-        bs, scratch, pad = self.kv_cache.block_size, self.kv_cache.scratch_block, rows - len(batch)
-        positions = [s.num_computed for s in batch]
-        width = max(map(len, tables), default=1)
-        as_cpu = lambda x, dtype=torch.long: torch.tensor(x, dtype=dtype)  # noqa: E731
-        self.input_ids[:rows].copy_(as_cpu([s.seq.token_at(p) for s, p in zip(batch, positions)] + [0] * pad))
-        self.positions[:rows].copy_(as_cpu(positions + [0] * pad))
-        slots = slot_mapping(tables, positions, [p + 1 for p in positions], bs) + [scratch * bs] * pad
-        self.slot_mapping[:rows].copy_(as_cpu(slots))
-        self.context_lens[:rows].copy_(as_cpu([p + 1 for p in positions] + [1] * pad, torch.int32))
-        self.block_tables[:rows, :width].copy_(as_cpu([t + [scratch] * (width - len(t)) for t in tables]
-                                                      + [[scratch] * width] * pad, torch.int32))
+        slot and whose context is that one slot: harmless, and finite. NEW: tables is (len(batch), width) int32."""
+        bs, scratch, n = self.kv_cache.block_size, self.kv_cache.scratch_block, len(batch)
+        tables = tables if isinstance(tables, torch.Tensor) else padded_tables(tables)     # lists: padded once
+        width = tables.shape[1]
+        stage = self.staging
+        positions = torch.tensor([s.num_computed for s in batch], dtype=torch.long)        # (n,)
+        stage["input_ids"][:n] = torch.tensor([s.seq.token_at(s.num_computed) for s in batch], dtype=torch.long)
+        stage["positions"][:n] = positions
+        stage["slot_mapping"][:n] = tables[torch.arange(n), positions // bs].long() * bs + positions % bs
+        stage["context_lens"][:n] = positions + 1
+        stage["block_tables"][:n, :width] = tables
+        for name, pad in [("input_ids", 0), ("positions", 0), ("slot_mapping", scratch * bs), ("context_lens", 1)]:
+            stage[name][n:rows] = pad
+        stage["block_tables"][n:rows, :width] = scratch
+        for name in ["input_ids", "positions", "slot_mapping", "context_lens"]:
+            if stage[name] is not getattr(self, name):   # a GPU: the copy is queued; the next step's sync ends it
+                getattr(self, name)[:rows].copy_(stage[name][:rows], non_blocking=True)
+        if stage["block_tables"] is not self.block_tables:
+            self.block_tables[:rows, :width].copy_(stage["block_tables"][:rows, :width], non_blocking=True)
         return width
 
     # notebooks/05_cuda_graphs.ipynb, cell 29
@@ -149,3 +162,14 @@ class ModelRunner:
                     self.logits[:rows] = self.run_decode(rows, width)
                 self.graphs[rows] = graph
             torch.cuda.synchronize()
+
+
+# notebooks/08_where_the_time_goes.ipynb, cell 43
+def table_rows(block_tables: BlockTable | dict[str, list[int]], batch: list[ScheduledSeq], block_size: int) -> torch.Tensor:
+    """(seqs, width) int32 block ids of the batch, width the most blocks any of them uses this step: gathered from
+    a BlockTable's rows, or (as before this chapter) padded from lists."""
+    width = max((-(-(s.num_computed + s.num_new) // block_size) for s in batch), default=1)
+    ids = [s.seq.request_id for s in batch]
+    if isinstance(block_tables, BlockTable):
+        return block_tables.rows(ids, width)
+    return padded_tables([block_tables[r][:width] for r in ids])

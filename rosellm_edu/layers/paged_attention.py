@@ -1,14 +1,13 @@
-# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/08_where_the_time_goes.ipynb, notebooks/09_attention_kernels.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import Callable
 
 import torch
 
-from rosellm_edu.kernels import cpu_paged_attention
+from rosellm_edu.kernels import cpu_attention, cpu_paged_attention
 from rosellm_edu.layers.attention import grouped_attention
 
 
@@ -68,12 +67,29 @@ def gathered_decode_attention(q, k_cache, v_cache, block_tables, context_lens, s
                               torch.ones_like(context_lens))[:, 0]
 
 
-# notebooks/04_paged_attention.ipynb, cell 52
+# notebooks/09_attention_kernels.ipynb, cell 42
+def gathered_prefill_attention(q, k_cache, v_cache, block_tables, context_lens, cu_query_lens,
+                               scale: float) -> torch.Tensor:
+    """The varlen prefill contract, q (tokens, heads, d) packed by cu_query_lens, computed by the gathered
+    reference: the fallback where no kernel can be built."""
+    assert scale == q.shape[-1] ** -0.5, "the reference uses attention's default scale"
+    query_lens = cu_query_lens.diff()
+    row = torch.arange(int(query_lens.max()), device=q.device)
+    valid = row < query_lens[:, None]                                      # (seqs, max_new)
+    index = torch.where(valid, cu_query_lens[:-1, None] + row, 0)
+    out = gathered_attention(q[index], k_cache, v_cache, block_tables, context_lens, query_lens)
+    return out[valid]                                                      # (tokens, heads, d)
+
+
+# notebooks/09_attention_kernels.ipynb, cell 43
 def decode_kernel(device: torch.device) -> Callable:
-    """The kernel that reads K/V blocks in place on this device; the gathered reference where none can be built."""
-    if device.type == "cuda":
-        from rosellm_edu.kernels.triton_paged_attention import paged_decode_attention
-        return paged_decode_attention
+    """Decode attention on this device: Triton on a GPU; on a CPU this chapter's kernel, else chapter 04's, else
+    the gather."""
+    if device.type == "cuda":                      # split-k Triton (this chapter's GPU section)
+        from rosellm_edu.kernels.triton_paged_prefill import paged_decode_attention_split_k
+        return paged_decode_attention_split_k
+    if device.type == "cpu" and cpu_attention.extension() is not None:
+        return cpu_attention.paged_decode_attention_cpu
     if device.type == "cpu" and cpu_paged_attention.extension() is not None:
         return cpu_paged_attention.paged_decode_attention_cpu
     return gathered_decode_attention
@@ -92,40 +108,85 @@ class PagedAttention:
     prefill: SeqGroup | None      # several new tokens each
     kernel: Callable              # (q, k_cache, v_cache, block_tables, context_lens, scale) -> (seqs, heads, d)
 
+    # notebooks/08_where_the_time_goes.ipynb, cell 41
     @classmethod
-    def build(cls, k_pool, v_pool, block_size: int, block_tables: list[list[int]], num_computed: list[int],
+    def build(cls, k_pool, v_pool, block_size: int, block_tables: list[list[int]] | torch.Tensor, num_computed: list[int],
               num_new: list[int]) -> "PagedAttention":
+        """NEW: block_tables may be the (seqs, width) int32 rows a BlockTable gathered; the slots and groups are
+        computed with tensor operations, not per position in Python."""
+        tables = block_tables if isinstance(block_tables, torch.Tensor) else padded_tables(block_tables)
+        tables = tables.cpu()
+        computed, new = torch.tensor(num_computed), torch.tensor(num_new)
+        starts = new.cumsum(0) - new                                                       # first stream row of each
+        seq = torch.repeat_interleave(torch.arange(len(new)), new)                         # (tokens,) its sequence
+        pos = computed[seq] + torch.arange(len(seq)) - starts[seq]                         # (tokens,) its position
+        slots = tables[seq, pos // block_size].long() * block_size + pos % block_size
         device = k_pool.device
-        starts = list(accumulate(num_new, initial=0))[:-1]
-        ends = [c + n for c, n in zip(num_computed, num_new)]
-        slots = torch.tensor(slot_mapping(block_tables, num_computed, ends, block_size), device=device)
+        groups = [group_of(rows.nonzero().flatten(), tables, computed, new, starts, block_size, device)
+                  for rows in (new == 1, new > 1)]
+        return cls(k_pool, v_pool, block_size, slots.to(device), *groups, decode_kernel(device))
 
-        def group(rows: list[int]) -> SeqGroup | None:
-            pick = lambda xs: [xs[i] for i in rows]  # noqa: E731
-            return seq_group(pick(block_tables), pick(num_computed), pick(num_new), pick(starts), device) if rows else None
-
-        decoding = [i for i, n in enumerate(num_new) if n == 1]
-        prefilling = [i for i, n in enumerate(num_new) if n > 1]
-        return cls(k_pool, v_pool, block_size, slots, group(decoding), group(prefilling), decode_kernel(device))
-
-    # notebooks/04_paged_attention.ipynb, cell 54
+    # notebooks/09_attention_kernels.ipynb, cell 45
     def attend(self, layer_idx: int, q, k, v):
         k_pool, v_pool = self.k_pool[layer_idx], self.v_pool[layer_idx]
         k_pool.index_copy_(0, self.slot_mapping, k)
         v_pool.index_copy_(0, self.slot_mapping, v)
         k_blocks = k_pool.view(-1, self.block_size, *k_pool.shape[1:])     # (num_blocks, block_size, kv_heads, d)
         v_blocks = v_pool.view(-1, self.block_size, *v_pool.shape[1:])
+        scale = q.shape[-1] ** -0.5
         if self.prefill is None:   # every sequence decodes, one token each in stream order: no gather, no scatter
             d = self.decode
-            return self.kernel(q, k_blocks, v_blocks, d.block_tables, d.context_lens, q.shape[-1] ** -0.5)
+            return self.kernel(q, k_blocks, v_blocks, d.block_tables, d.context_lens, scale)
+        rows, cu_query_lens = self.packed_prefill()                        # packed prefill rows
+        p, prefill = self.prefill, prefill_kernel(q.device)
+        if self.decode is None:    # every sequence prefills: the stream is already packed in sequence order
+            return prefill(q, k_blocks, v_blocks, p.block_tables, p.context_lens, cu_query_lens, scale)
         out = torch.empty_like(q)                                          # (tokens, heads, d)
-        if self.decode is not None:
-            d = self.decode
-            rows = d.query_index[:, 0]
-            out[rows] = self.kernel(q[rows], k_blocks, v_blocks, d.block_tables, d.context_lens, q.shape[-1] ** -0.5)
-        if self.prefill is not None:
-            p = self.prefill
-            attended = gathered_attention(q[p.query_index], k_blocks, v_blocks, p.block_tables, p.context_lens,
-                                          p.query_lens)                   # (seqs, max_new, heads, d)
-            out[p.query_index[p.query_valid]] = attended[p.query_valid]
+        d = self.decode
+        out[d.query_index[:, 0]] = self.kernel(q[d.query_index[:, 0]], k_blocks, v_blocks, d.block_tables,
+                                               d.context_lens, scale)
+        out[rows] = prefill(q[rows], k_blocks, v_blocks, p.block_tables, p.context_lens, cu_query_lens, scale)
         return out
+
+    # notebooks/09_attention_kernels.ipynb, cell 45
+    def packed_prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, cu_query_lens): the prefill group's stream rows, sequence after sequence, and their offsets (seqs + 1,)
+        int32; computed on the first layer's call, then kept for the step."""
+        if getattr(self, "_packed_prefill", None) is None:
+            p = self.prefill
+            cu_query_lens = torch.nn.functional.pad(p.query_lens.cumsum(0, dtype=torch.int32), (1, 0))
+            self._packed_prefill = (p.query_index[p.query_valid], cu_query_lens)
+        return self._packed_prefill
+
+
+# notebooks/08_where_the_time_goes.ipynb, cell 41
+def padded_tables(block_tables: list[list[int]]) -> torch.Tensor:
+    """Lists of block ids as one (seqs, width) int32 tensor, padded with block 0."""
+    width = max(map(len, block_tables), default=1)
+    return torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32).reshape(-1, width)
+
+
+# notebooks/08_where_the_time_goes.ipynb, cell 41
+def group_of(rows: torch.Tensor, tables, computed, new, starts, block_size: int, device) -> SeqGroup | None:
+    """The SeqGroup of the batch's sequences `rows`, from (seqs,) CPU tensors, moved to the device once."""
+    if len(rows) == 0:
+        return None
+    n, ends = new[rows], (computed + new)[rows]
+    valid = torch.arange(int(n.max()))[None, :] < n[:, None]                           # (seqs, max_new)
+    query_index = torch.where(valid, starts[rows][:, None] + torch.arange(valid.shape[1]), 0)
+    width = -(-int(ends.max()) // block_size)                                          # the blocks they use
+    to = lambda x, dtype=None: x.to(device=device, dtype=dtype)  # noqa: E731
+    return SeqGroup(to(query_index), to(valid), to(tables[rows, :width].contiguous()), to(ends, torch.int32),
+                    to(n, torch.int32))
+
+
+# notebooks/09_attention_kernels.ipynb, cell 43
+def prefill_kernel(device: torch.device) -> Callable:
+    """Varlen prefill attention on this device: Triton on a GPU, this chapter's C++ kernel on a CPU, else the
+    gather."""
+    if device.type == "cuda":
+        from rosellm_edu.kernels.triton_paged_prefill import paged_prefill_attention
+        return paged_prefill_attention
+    if device.type == "cpu" and cpu_attention.extension() is not None:
+        return cpu_attention.paged_prefill_attention_cpu
+    return gathered_prefill_attention

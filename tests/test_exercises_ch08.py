@@ -1,0 +1,45 @@
+"""Chapter 08's checkers reject typical wrong answers and say what is wrong."""
+
+import math
+
+from rosellm_edu.exercises.ch08 import check_decode_flops, check_find_stop, check_ridge_batch
+from rosellm_edu.exercises.solutions.ch08 import decode_flops, find_stop
+
+
+def test_decode_flops_without_the_lm_head_is_rejected(capsys):
+    def no_head(config, context_lens):
+        return decode_flops(config, context_lens) - 2 * config.vocab_size * config.hidden_size * len(context_lens)
+
+    assert not check_decode_flops(no_head)
+    assert "context_lens" in capsys.readouterr().out
+
+
+def test_decode_flops_that_forgets_the_new_key_is_rejected(capsys):
+    def keys_without_itself(config, context_lens):
+        d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return decode_flops(config, context_lens) - 4 * config.num_hidden_layers * config.num_attention_heads * d * len(context_lens)
+
+    assert not check_decode_flops(keys_without_itself)
+
+
+def test_ridge_batch_rounded_down_is_rejected(capsys):
+    assert not check_ridge_batch(lambda p, w, f, b: math.floor(w * f / (2 * p * b)))
+    assert "round up" in capsys.readouterr().out
+
+
+def test_find_stop_that_misses_a_straddling_stop_is_rejected(capsys):
+    def from_searched(text, searched, stops):
+        hits = [(i, s) for s in stops if (i := text.find(s, searched)) >= 0]
+        return min(hits) if hits else None
+
+    assert not check_find_stop(from_searched)
+    assert "STOP" in capsys.readouterr().out
+
+
+def test_find_stop_that_rescans_everything_finds_old_stops_and_is_rejected(capsys):
+    def whole_text(text, searched, stops):
+        hits = [(i, s) for s in stops if (i := text.find(s)) >= 0]
+        return min(hits) if hits else None
+
+    assert not check_find_stop(whole_text)
+    assert find_stop("STOP then more", 10, ["STOP"]) is None
