@@ -1,0 +1,366 @@
+# Generated from notebooks/09_attention_kernels.ipynb by `python -m rosellm_edu.book.export`.
+# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
+# (cells counted from 1 in their notebook, markdown cells included).
+
+import functools
+import warnings
+
+import torch
+
+
+# notebooks/09_attention_kernels.ipynb, cell 12
+SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+constexpr int64_t KC = 64;                 // keys per chunk: one chunk's scores fit in a small buffer
+constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+
+// exp(x) as 2^k * p(r) with |r| <= ln2 / 2 (Cephes' polynomial): unlike std::exp, a loop of these vectorises.
+inline float exp_approx(float x) {
+  const float k = std::floor(x * 1.44269504f + 0.5f);
+  const float r = x - k * 0.693359375f + k * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const int32_t bits = (int32_t(std::max(k, -126.f)) + 127) << 23;   // 2^k, built in the exponent bits
+  float two_k;
+  std::memcpy(&two_k, &bits, sizeof(float));
+  return x < -87.f ? 0.f : p * two_k;      // exp(-inf) = 0: masked keys weigh nothing
+}
+
+// A row of K or V as float32: a copy into a small buffer for bfloat16/half, the row itself for float32.
+template <typename T>
+inline const float* as_float(const T* src, float* buf, int64_t d) {
+#pragma omp simd
+  for (int64_t i = 0; i < d; ++i) buf[i] = float(src[i]);
+  return buf;
+}
+template <>
+inline const float* as_float<float>(const float* src, float*, int64_t) { return src; }
+"""
+
+
+# notebooks/09_attention_kernels.ipynb, cell 14
+SOURCE += r"""
+// Where the pieces of one work item live: the cache's layout and one sequence's block table.
+template <typename T>
+struct Paged {
+  const T* k; const T* v; const int32_t* table;
+  int64_t bs, row, h, d;                   // row: distance between two slots; h: this item's kv head
+  // The offsets of positions c .. c+n-1 in the pool, walking the block table (no division per key).
+  void offsets(int64_t c, int64_t n, int64_t* off) const {
+    for (int64_t t = 0, b = c / bs, o = c % bs; t < n; ++t) {
+      off[t] = (table[b] * bs + o) * row + h * d;
+      if (++o == bs) { o = 0; ++b; }
+    }
+  }
+};
+
+// 16 floats that the compiler keeps in one AVX-512 register (two AVX2 ones); loads need no alignment.
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+
+// Per-thread scratch: a tile of R query rows (nq positions x group heads) and one chunk of keys.
+struct Scratch {
+  std::vector<float> q, acc, m, l, s, kt, kv;
+  int64_t off[KC];
+  Scratch(int64_t R, int64_t d)
+      : q((R + 3) / 4 * 4 * d), acc(q.size()), m(R), l(R), s((R + 3) / 4 * 4 * KC), kt(d * KC), kv(KC * d) {}
+};
+"""
+
+
+# notebooks/09_attention_kernels.ipynb, cell 16
+SOURCE += r"""
+// Scores s (R, n) of one chunk of n keys at offsets w.off. Few rows (decode): a dot product per (row, key).
+// Many rows (prefill tile): transpose the chunk's keys once, then every row is an axpy over the keys.
+template <typename T>
+void chunk_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
+  const int64_t d = pg.d;
+  if (R < 8) {
+    for (int64_t t = 0; t < n; ++t) {
+      const float* kt = as_float(pg.k + w.off[t], w.kv.data(), d);
+      for (int64_t r = 0; r < R; ++r) {
+        const float* qr = w.q.data() + r * d;
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t i = 0; i < d; ++i) dot += qr[i] * kt[i];
+        w.s[r * KC + t] = dot;
+      }
+    }
+    return;
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    const T* kt = pg.k + w.off[t];
+    for (int64_t i = 0; i < d; ++i) w.kt[i * KC + t] = float(kt[i]);      // (d, KC)
+  }
+  for (int64_t r = 0; r < R; r += 4)       // 4 rows x 16 keys of scores stay in registers while i runs over d
+    for (int64_t t = 0; t < n; t += 16) {
+      v16 a[4] = {};                        // the scratch has rows for a multiple of 4, the extra ones zero
+      for (int64_t i = 0; i < d; ++i) {
+        const v16 ki = *reinterpret_cast<const v16*>(w.kt.data() + i * KC + t);
+        for (int64_t j = 0; j < 4; ++j) a[j] += w.q[(r + j) * d + i] * ki;
+      }
+      for (int64_t j = 0; j < 4; ++j) *reinterpret_cast<v16*>(w.s.data() + (r + j) * KC + t) = a[j];
+    }
+}
+"""
+
+
+# notebooks/09_attention_kernels.ipynb, cell 18
+SOURCE += r"""
+// acc (R, d) += p (R, n) @ V (n, d), p in the score buffer: 4 rows x 16 dims of acc stay in registers while t
+// runs over the chunk's keys (a head_dim that is no multiple of 16 takes the plain loop).
+template <typename T>
+void add_values(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
+  const int64_t d = pg.d;
+  const float* vrow[KC];
+  for (int64_t t = 0; t < n; ++t) vrow[t] = as_float(pg.v + w.off[t], w.kv.data() + t * d, d);
+  if (d % 16) {
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t r = 0; r < R; ++r) {
+        const float p = w.s[r * KC + t];
+        float* ar = w.acc.data() + r * d;
+#pragma omp simd
+        for (int64_t i = 0; i < d; ++i) ar[i] += p * vrow[t][i];
+      }
+    return;
+  }
+  for (int64_t r = 0; r < R; r += 4)
+    for (int64_t i = 0; i < d; i += 16) {
+      v16 a[4];
+      for (int64_t j = 0; j < 4; ++j) a[j] = *reinterpret_cast<const v16*>(w.acc.data() + (r + j) * d + i);
+      for (int64_t t = 0; t < n; ++t) {
+        const v16 vt = *reinterpret_cast<const v16*>(vrow[t] + i);
+        for (int64_t j = 0; j < 4; ++j) a[j] += w.s[(r + j) * KC + t] * vt;
+      }
+      for (int64_t j = 0; j < 4; ++j) *reinterpret_cast<v16*>(w.acc.data() + (r + j) * d + i) = a[j];
+    }
+}
+"""
+
+
+# notebooks/09_attention_kernels.ipynb, cell 20
+SOURCE += r"""
+// Fold keys [k0, k1) into the running (m, l, acc) of the tile's rows; row r = j * group + g sits at position
+// pos0 + j and sees keys <= its position (causal).
+template <typename T>
+void attend_range(const Paged<T>& pg, Scratch& w, int64_t nq, int64_t group, int64_t pos0, int64_t k0, int64_t k1) {
+  const int64_t R = nq * group, d = pg.d;
+  for (int64_t c = k0; c < k1; c += KC) {
+    const int64_t n = std::min(KC, k1 - c);
+    pg.offsets(c, n, w.off);
+    chunk_scores(pg, w, R, n);
+    for (int64_t r = 0; r < R; ++r) {
+      float* sr = w.s.data() + r * KC;
+      const int64_t visible = std::min(n, pos0 + r / group - c + 1);   // keys of this chunk the row may see
+      float mx = w.m[r];
+      for (int64_t t = std::max<int64_t>(visible, 0); t < n; ++t) sr[t] = NEG_INF;
+#pragma omp simd reduction(max : mx)
+      for (int64_t t = 0; t < n; ++t) mx = std::max(mx, sr[t]);
+      if (mx == NEG_INF) { std::fill(sr, sr + n, 0.f); continue; }   // nothing visible yet: weights 0
+      const float alpha = exp_approx(w.m[r] - mx);                      // rescales what was summed so far
+      float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t t = 0; t < n; ++t) { sr[t] = exp_approx(sr[t] - mx); sum += sr[t]; }
+      float* ar = w.acc.data() + r * d;
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) ar[i] *= alpha;
+      w.l[r] = w.l[r] * alpha + sum;
+      w.m[r] = mx;
+    }
+    add_values(pg, w, R, n);
+  }
+}
+"""
+
+
+# notebooks/09_attention_kernels.ipynb, cell 22
+SOURCE += r"""
+// One work item: a tile of one sequence's queries, one kv head, one split of the keys it sees.
+struct Item { int64_t seq, q0, nq, h, split; };
+
+// A tile's scaled query rows (row j * group + g: query head h * group + g of token q0 + j) and an empty softmax.
+template <typename T>
+void start_tile(const T* q, Scratch& w, const Item& x, int64_t heads, int64_t group, int64_t d, float scale) {
+  for (int64_t j = 0; j < x.nq; ++j)
+    for (int64_t g = 0; g < group; ++g)
+      for (int64_t i = 0; i < d; ++i)
+        w.q[(j * group + g) * d + i] = float(q[((x.q0 + j) * heads + x.h * group + g) * d + i]) * scale;
+  std::fill(w.m.begin(), w.m.end(), NEG_INF);
+  std::fill(w.l.begin(), w.l.end(), 0.f);
+  std::fill(w.acc.begin(), w.acc.end(), 0.f);
+}
+"""
+
+
+# notebooks/09_attention_kernels.ipynb, cell 23
+SOURCE += r"""
+// The work of a batch: sequence i's query rows cu[i] .. cu[i+1]-1 in tiles of `tile`, each tile's keys cut into
+// splits of `part` positions (flash-decoding) when the tiles alone are too few to keep every core busy.
+std::vector<Item> plan(const int32_t* lens, const int32_t* cu, int64_t seqs, int64_t kv_heads, int64_t tile,
+                       int64_t& part, int64_t& splits) {
+  int64_t tiles = 0, longest = 1;
+  for (int64_t i = 0; i < seqs; ++i) {
+    tiles += (cu[i + 1] - cu[i] + tile - 1) / tile;
+    longest = std::max<int64_t>(longest, lens[i]);
+  }
+  const int64_t want = 4 * at::get_num_threads();
+  if (part <= 0)       // auto: split only when there are fewer items than cores to feed, into >= 256 keys each
+    part = tiles * kv_heads >= want ? longest : std::max<int64_t>(256, (longest * tiles * kv_heads + want - 1) / want);
+  part = (part + KC - 1) / KC * KC;
+  splits = (longest + part - 1) / part;
+  std::vector<Item> items;
+  for (int64_t i = 0; i < seqs; ++i)
+    for (int64_t q0 = cu[i]; q0 < cu[i + 1]; q0 += tile) {
+      const int64_t nq = std::min<int64_t>(tile, cu[i + 1] - q0);
+      const int64_t last = lens[i] - (cu[i + 1] - cu[i]) + (q0 - cu[i]) + nq;   // keys seen by the tile's last row
+      for (int64_t h = 0; h < kv_heads; ++h)
+        for (int64_t s = 0; s * part < last; ++s) items.push_back({i, q0, nq, h, s});
+    }
+  return items;
+}
+"""
+
+
+# notebooks/09_attention_kernels.ipynb, cell 25
+SOURCE += r"""
+// Merge each (token, head)'s partial softmax results, split by split: the exercise of chapter 04, in C++.
+// A split that saw no key has m = -inf, l = 0, acc = 0 and weighs nothing.
+template <typename T>
+void merge_splits(const std::vector<float>& pm, const std::vector<float>& pl, const std::vector<float>& pacc, T* out,
+                  int64_t rows, int64_t splits, int64_t d) {
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(d);
+    for (int64_t row = begin; row < end; ++row) {
+      const float* m = pm.data() + row * splits;
+      const float mx = *std::max_element(m, m + splits);
+      float l = 0.f;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t s = 0; s < splits; ++s) {
+        const float w = m[s] == NEG_INF ? 0.f : std::exp(m[s] - mx);
+        const float* a = pacc.data() + (row * splits + s) * d;
+        l += w * pl[row * splits + s];
+#pragma omp simd
+        for (int64_t i = 0; i < d; ++i) acc[i] += w * a[i];
+      }
+      for (int64_t i = 0; i < d; ++i) out[row * d + i] = T(acc[i] / l);
+    }
+  });
+}
+"""
+
+
+# notebooks/09_attention_kernels.ipynb, cell 27
+SOURCE += r"""
+// out (tokens, heads, d) from q (tokens, heads, d). With one split, items write their rows of out directly;
+// with several, each writes its (m, l, acc) and a second pass merges them, as two halves of a softmax merge.
+template <typename T>
+void paged_attention(const T* q, const T* k, const T* v, const int32_t* tables, const int32_t* lens, const int32_t* cu,
+                     T* out, int64_t seqs, int64_t heads, int64_t kv_heads, int64_t d, int64_t bs, int64_t stride,
+                     float scale, int64_t tile, int64_t part) {
+  const int64_t group = heads / kv_heads, tokens = cu[seqs];
+  int64_t splits;
+  const auto items = plan(lens, cu, seqs, kv_heads, tile, part, splits);
+  std::vector<float> pm, pl, pacc;           // partial results (tokens, heads, splits [, d])
+  if (splits > 1) { pm.assign(tokens * heads * splits, NEG_INF); pl.resize(pm.size()); pacc.resize(pm.size() * d); }
+  at::parallel_for(0, int64_t(items.size()), 1, [&](int64_t begin, int64_t end) {
+    Scratch w(tile * group, d);
+    for (int64_t it = begin; it < end; ++it) {
+      const Item& x = items[it];
+      const int64_t R = x.nq * group, pos0 = lens[x.seq] - (cu[x.seq + 1] - cu[x.seq]) + (x.q0 - cu[x.seq]);
+      const Paged<T> pg{k, v, tables + x.seq * stride, bs, kv_heads * d, x.h, d};
+      start_tile(q, w, x, heads, group, d, scale);
+      const int64_t k0 = x.split * part, k1 = std::min(k0 + part, pos0 + x.nq);
+      attend_range(pg, w, x.nq, group, pos0, k0, k1);
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t row = (x.q0 + r / group) * heads + x.h * group + r % group;   // (token, head)
+        if (splits == 1) {
+          for (int64_t i = 0; i < d; ++i) out[row * d + i] = T(w.acc[r * d + i] / w.l[r]);
+        } else {
+          pm[row * splits + x.split] = w.m[r];
+          pl[row * splits + x.split] = w.l[r];
+          std::copy_n(w.acc.data() + r * d, d, pacc.data() + (row * splits + x.split) * d);
+        }
+      }
+    }
+  });
+  if (splits > 1) merge_splits(pm, pl, pacc, out, tokens * heads, splits, d);
+}
+"""
+
+
+# notebooks/09_attention_kernels.ipynb, cell 29
+SOURCE += r"""
+// The entry points PyTorch calls: checks, then one template per dtype (float32, bfloat16, float16).
+torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
+                               torch::Tensor context_lens, torch::Tensor cu_query_lens, double scale, int64_t tile,
+                               int64_t part) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
+              "q must be (tokens, heads, d) and k_cache, v_cache (blocks, block_size, kv_heads, d)");
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous tensors expected");
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+              "q, k_cache and v_cache must share a dtype");
+  TORCH_CHECK(q.size(2) == k_cache.size(3) && q.size(1) % k_cache.size(2) == 0,
+              "head_dim must match and heads must be a multiple of kv_heads");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt &&
+              cu_query_lens.scalar_type() == at::kInt, "block_tables, context_lens, cu_query_lens must be int32");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.stride(1) == 1, "block table rows must be contiguous");
+  const int64_t seqs = context_lens.size(0);
+  TORCH_CHECK(context_lens.is_contiguous() && cu_query_lens.is_contiguous() && cu_query_lens.size(0) == seqs + 1 &&
+              block_tables.size(0) == seqs, "cu_query_lens must have seqs + 1 entries, block_tables seqs rows");
+  TORCH_CHECK(cu_query_lens[seqs].item<int64_t>() == q.size(0), "cu_query_lens[-1] must equal q's token count");
+  TORCH_CHECK(tile >= 1, "tile must be >= 1");
+  auto out = torch::empty_like(q);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "varlen_attention", [&] {
+    paged_attention<scalar_t>(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
+                              block_tables.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(),
+                              cu_query_lens.data_ptr<int32_t>(), out.data_ptr<scalar_t>(), seqs, q.size(1),
+                              k_cache.size(2), q.size(2), k_cache.size(1), block_tables.stride(0), float(scale),
+                              tile, part);
+  });
+  return out;
+}
+"""
+
+
+# notebooks/09_attention_kernels.ipynb, cell 31
+@functools.cache
+def extension():
+    """The compiled kernel, built once per machine (cached under ~/.cache/torch_extensions); None where no C++
+    compiler is at hand, and attention falls back to chapter 04's kernel and the gather."""
+    from torch.utils.cpp_extension import load_inline
+
+    try:
+        return load_inline("rosellm_edu_paged_attention_v2", cpp_sources=SOURCE, functions=["varlen_attention"],
+                           extra_cflags=["-O3", "-march=native", "-fopenmp-simd"])
+    except Exception as e:  # no compiler, no ninja, a failed build: all mean "use the PyTorch path"
+        warnings.warn(f"chapter 09's C++ attention kernel could not be built ({e}); attention falls back to "
+                      "chapter 04's kernel and the gather, which are slower")
+        return None
+
+
+# notebooks/09_attention_kernels.ipynb, cell 32
+def paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, cu_query_lens, scale: float, *,
+                                tile: int = 32, partition: int = 0) -> torch.Tensor:
+    """q (tokens, heads, d) packed: sequence i's new tokens are rows cu_query_lens[i] .. cu_query_lens[i+1]-1,
+    the last positions of its context_lens[i] (causal). k_cache, v_cache (blocks, block_size, kv_heads, d);
+    block_tables (seqs, width) int32, rows contiguous. tile: queries per work item; partition: keys per split
+    (0: split only when the cores would idle). Returns (tokens, heads, d)."""
+    return extension().varlen_attention(q.contiguous(), k_cache, v_cache, block_tables, context_lens.contiguous(),
+                                        cu_query_lens.contiguous(), scale, tile, partition)
+
+
+# notebooks/09_attention_kernels.ipynb, cell 32
+def paged_decode_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, scale: float, *,
+                               partition: int = 0) -> torch.Tensor:
+    """Chapter 04's decode contract, q (seqs, heads, d): one query per sequence, keys split when cores idle."""
+    cu_query_lens = torch.arange(q.shape[0] + 1, dtype=torch.int32)
+    return paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, cu_query_lens, scale,
+                                       tile=1, partition=partition)
