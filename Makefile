@@ -35,6 +35,7 @@ $(STAMP): pyproject.toml
 model: $(STAMP)
 	$(PY) -c "from rosellm_edu import model_loader; model_loader.resolve_model()"
 	$(PY) -c "from rosellm_edu.kernels import cpu_paged_attention; cpu_paged_attention.extension()"
+	$(PY) -c "from rosellm_edu.kernels import cpu_fused; cpu_fused.extension()"
 	$(PY) -c "from rosellm_edu.kernels import cpu_attention; cpu_attention.extension()"
 
 lab: setup

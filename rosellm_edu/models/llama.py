@@ -1,14 +1,14 @@
-# Generated from notebooks/00_the_model.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/00_the_model.ipynb, notebooks/10_fewer_passes.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
+from rosellm_edu.kernels.cpu_fused import PointwiseOps, pointwise_ops
 from rosellm_edu.layers.attention import Attention, AttentionContext
 from rosellm_edu.layers.norm import RMSNorm
 from rosellm_edu.layers.rotary import RotaryEmbedding
@@ -27,13 +27,14 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=bias)
         self.attn = Attention(layer_idx)
 
-    def forward(self, x, positions, rotary: RotaryEmbedding, ctx: AttentionContext | None):
+    # notebooks/10_fewer_passes.ipynb, cell 36
+    def forward(self, x, positions, rotary: RotaryEmbedding, ctx: AttentionContext | None, ops: PointwiseOps):
         n = x.shape[0]                                                     # x: (tokens, hidden)
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(n, self.num_heads, self.head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
+        q, k = ops.rotary(positions, q, k, rotary.cos, rotary.sin)         # in place, with the kernels
         out = self.attn(q, k, v, ctx)                                      # (tokens, heads, head_dim)
         return self.o_proj(out.reshape(n, self.q_size))
 
@@ -45,9 +46,9 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    # notebooks/10_fewer_passes.ipynb, cell 36
+    def forward(self, x, ops: PointwiseOps):
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))     # one call for SiLU x up
 
 
 # notebooks/00_the_model.ipynb, cell 17
@@ -59,12 +60,18 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(self, x, positions, rotary, ctx):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    # notebooks/10_fewer_passes.ipynb, cell 36
+    def forward(self, x, residual, positions, rotary, ctx, ops: PointwiseOps):
+        """x: the previous layer's output, not yet added to residual (the embeddings, with residual None, for the
+        first layer). Returns this layer's output and the residual, for the next layer to add."""
+        x, residual = ops.add_rms_norm(x, residual, self.input_layernorm.weight, self.input_layernorm.eps)
+        x = self.self_attn(x, positions, rotary, ctx, ops)
+        x, residual = ops.add_rms_norm(x, residual, self.post_attention_layernorm.weight,
+                                       self.post_attention_layernorm.eps)
+        return self.mlp(x, ops), residual
 
 
-# notebooks/00_the_model.ipynb, cell 18
+# notebooks/10_fewer_passes.ipynb, cell 37
 class LlamaModel(nn.Module):
     def __init__(self, config: PretrainedConfig):
         super().__init__()
@@ -72,12 +79,14 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config, self.layers[0].self_attn.head_dim)
+        self.fusion = "auto"     # how the steps between the matmuls run (see pointwise_ops)
 
     def forward(self, input_ids, positions, ctx=None):
-        x = self.embed_tokens(input_ids)                                   # (tokens, hidden)
+        ops = pointwise_ops(input_ids.device, self.fusion)
+        x, residual = self.embed_tokens(input_ids), None                   # (tokens, hidden)
         for layer in self.layers:
-            x = layer(x, positions, self.rotary, ctx)
-        return self.norm(x)
+            x, residual = layer(x, residual, positions, self.rotary, ctx, ops)
+        return ops.add_rms_norm(x, residual, self.norm.weight, self.norm.eps)[0]
 
 
 # notebooks/00_the_model.ipynb, cell 18

@@ -1,0 +1,295 @@
+# Generated from notebooks/10_fewer_passes.ipynb by `python -m rosellm_edu.book.export`.
+# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
+# (cells counted from 1 in their notebook, markdown cells included).
+
+import functools
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from rosellm_edu.layers.rotary import rotate_half
+
+
+# notebooks/10_fewer_passes.ipynb, cell 9
+def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """(RMSNorm(residual + x) * weight, residual + x), or with residual None, (RMSNorm(x) * weight, x): chapter
+    00's ops, one pass each. x, residual: (tokens, hidden)."""
+    h = x if residual is None else x + residual
+    h32 = h.float()
+    return weight * (h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype), h
+
+
+# notebooks/10_fewer_passes.ipynb, cell 9
+def silu_and_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    """(tokens, 2 * inter) -> (tokens, inter): SiLU of the first half times the second half."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+# notebooks/10_fewer_passes.ipynb, cell 9
+def rotary_reference(positions, q, k, cos, sin):
+    """Chapter 00's rotary: q (tokens, heads, d), k (tokens, kv_heads, d); cos, sin (max_positions, d)."""
+    c = cos[positions].unsqueeze(1).to(q.dtype)                    # (tokens, 1, d)
+    s = sin[positions].unsqueeze(1).to(q.dtype)
+    return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+
+
+# notebooks/10_fewer_passes.ipynb, cell 15
+SOURCE = r"""#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cmath>
+
+// bfloat16 <-> float by hand, as plain integer ops the compiler can vectorise (round to nearest even, NaN kept).
+inline float bf16_bits_to_float(uint16_t b) { return __builtin_bit_cast(float, uint32_t(b) << 16); }
+inline uint16_t float_to_bf16_bits(float f) {
+  const uint32_t u = __builtin_bit_cast(uint32_t, f);
+  return f != f ? uint16_t(0x7fc0) : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+inline float load(const float* p, int64_t i) { return p[i]; }
+inline float load(const at::BFloat16* p, int64_t i) { return bf16_bits_to_float(reinterpret_cast<const uint16_t*>(p)[i]); }
+inline void store(float* p, int64_t i, float v) { p[i] = v; }
+inline void store(at::BFloat16* p, int64_t i, float v) { reinterpret_cast<uint16_t*>(p)[i] = float_to_bf16_bits(v); }
+// Round where PyTorch's unfused bfloat16 ops round (after each op), so results match them bit for bit but for
+// the order of one sum; a float32 value is already rounded.
+template <typename T> inline float rnd(float x) { return x; }
+template <> inline float rnd<at::BFloat16>(float x) { return bf16_bits_to_float(float_to_bf16_bits(x)); }
+
+// exp(x) as 2^n * e^r, |r| <= ln2 / 2, with a degree-6 polynomial (relative error about 1e-7): branch-free
+// float arithmetic, so a loop of it vectorises, where std::exp in a loop stays a call per element.
+inline float exp_poly(float x) {
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const int32_t ni = int32_t(x * 1.44269504f + 128.5f) - 128;   // round(x / ln 2): truncate a positive number
+  const float n = float(ni);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
+  return (p * r * r + r + 1.f) * __builtin_bit_cast(float, (ni + 127) << 23);   // times 2^n
+}
+"""
+
+
+# notebooks/10_fewer_passes.ipynb, cell 17
+SOURCE += r"""
+// residual <- residual + x (or a copy of x when add is false), x <- rmsnorm(residual) * weight: each row read
+// once and written once, where the unfused add and norm make seven passes.
+template <typename T>
+void add_rms_norm(T* x, T* residual, const T* w, int64_t rows, int64_t n, float eps, bool add) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      T* xr = x + r * n;
+      T* rr = residual + r * n;
+      float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < n; ++i) {
+        const float h = add ? rnd<T>(load(xr, i) + load(rr, i)) : load(xr, i);
+        store(rr, i, h);
+        ss += h * h;
+      }
+      const float inv = 1.f / std::sqrt(ss / float(n) + eps);
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) store(xr, i, rnd<T>(load(rr, i) * inv) * load(w, i));
+    }
+  });
+}
+"""
+
+
+# notebooks/10_fewer_passes.ipynb, cell 19
+SOURCE += r"""
+
+// out = silu(gate) * up, reading the (rows, 2 * n) output of the packed gate_up matmul once.
+template <typename T>
+void silu_and_mul(const T* gu, T* out, int64_t rows, int64_t n) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = gu + r * 2 * n;
+      const T* u = g + n;
+      T* o = out + r * n;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) {
+        const float gi = load(g, i);
+        store(o, i, rnd<T>(gi / (1.f + exp_poly(-gi))) * load(u, i));
+      }
+    }
+  });
+}
+"""
+
+
+# notebooks/10_fewer_passes.ipynb, cell 21
+SOURCE += r"""
+// Rotary in place on one (tokens, heads, d) view whose rows may be strided (q and k are slices of the qkv output):
+// element i pairs with i + d/2, both read before either is written. cos, sin: (max_positions, d) in x's dtype.
+template <typename T>
+void rotary(T* x, int64_t row_stride, const int64_t* pos, const T* cos, const T* sin, int64_t tokens,
+            int64_t heads, int64_t d) {
+  const int64_t half = d / 2;
+  at::parallel_for(0, tokens, std::max<int64_t>(1, 4096 / (heads * d)), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const T* c = cos + pos[t] * d;
+      const T* s = sin + pos[t] * d;
+      for (int64_t h = 0; h < heads; ++h) {
+        T* xh = x + t * row_stride + h * d;
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          const float ci = load(c, i), si = load(s, i), a = load(xh, i), b = load(xh, i + half);
+          store(xh, i, rnd<T>(a * ci) + rnd<T>(-b * si));
+          store(xh, i + half, rnd<T>(b * ci) + rnd<T>(a * si));
+        }
+      }
+    }
+  });
+}
+"""
+
+
+# notebooks/10_fewer_passes.ipynb, cell 23
+SOURCE += r"""
+
+// float32 and bfloat16 only: float16 would need its own conversions.
+#define DISPATCH(t, name, ...) [&] {                                                            \
+    TORCH_CHECK(t == at::kFloat || t == at::kBFloat16, name, ": float32 or bfloat16 expected, got ", t); \
+    if (t == at::kFloat) { using scalar_t = float; __VA_ARGS__(); }                             \
+    else { using scalar_t = at::BFloat16; __VA_ARGS__(); }                                      \
+  }()
+
+void check_rows(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
+  TORCH_CHECK(t.dim() == 2 && t.is_contiguous(), name, " must be a contiguous (rows, n) tensor, got ",
+              t.sizes(), t.is_contiguous() ? "" : " (not contiguous)");
+}
+
+// In place: residual += x (unless add is false), then x = rmsnorm(residual) * weight.
+void fused_add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps, bool add) {
+  check_rows(x, "x");
+  check_rows(residual, "residual");
+  TORCH_CHECK(x.sizes() == residual.sizes(), "x ", x.sizes(), " and residual ", residual.sizes(), " differ");
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.is_contiguous(),
+              "weight must be a contiguous (", x.size(1), ",) tensor, got ", weight.sizes());
+  TORCH_CHECK(x.scalar_type() == residual.scalar_type() && x.scalar_type() == weight.scalar_type(),
+              "x, residual and weight must share a dtype");
+  DISPATCH(x.scalar_type(), "fused_add_rms_norm", [&] {
+    add_rms_norm<scalar_t>(x.data_ptr<scalar_t>(), residual.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(),
+                           x.size(0), x.size(1), float(eps), add);
+  });
+}
+"""
+
+
+# notebooks/10_fewer_passes.ipynb, cell 24
+SOURCE += r"""
+torch::Tensor silu_and_mul_out(torch::Tensor gate_up) {
+  check_rows(gate_up, "gate_up");
+  TORCH_CHECK(gate_up.size(1) % 2 == 0, "gate_up's last dimension must be even, got ", gate_up.size(1));
+  auto out = torch::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
+  DISPATCH(gate_up.scalar_type(), "silu_and_mul", [&] {
+    silu_and_mul<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), out.size(0), out.size(1));
+  });
+  return out;
+}
+
+void rotary_inplace(torch::Tensor positions, torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 3, "x must be a (tokens, heads, head_dim) CPU tensor");
+  TORCH_CHECK(x.stride(2) == 1 && x.stride(1) == x.size(2), "each token's heads must be contiguous in x");
+  TORCH_CHECK(x.size(2) % 2 == 0, "head_dim must be even, got ", x.size(2));
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() && positions.numel() == x.size(0),
+              "positions must be a contiguous int64 (tokens,) tensor");
+  TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() && cos.is_contiguous() &&
+              sin.is_contiguous() && cos.size(1) == x.size(2), "cos, sin must be contiguous (positions, head_dim) in x's dtype");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t t = 0; t < x.size(0); ++t)   // a wrong position would read outside the tables
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < cos.size(0), "position ", pos[t], " is outside [0, ", cos.size(0), ")");
+  DISPATCH(x.scalar_type(), "rotary_inplace", [&] {
+    rotary<scalar_t>(x.data_ptr<scalar_t>(), x.stride(0), pos, cos.data_ptr<scalar_t>(),
+                     sin.data_ptr<scalar_t>(), x.size(0), x.size(1), x.size(2));
+  });
+}
+"""
+
+
+# notebooks/10_fewer_passes.ipynb, cell 25
+@functools.cache
+def extension():
+    """The compiled kernels, built once per machine (`make model` does it; torch caches the build under
+    ~/.cache/torch_extensions); None where no C++ compiler is at hand, and the model keeps PyTorch's ops."""
+    from torch.utils.cpp_extension import load_inline
+
+    try:   # -fno-trapping-math lets the compiler turn the clamps in exp_poly into vector selects
+        return load_inline("rosellm_edu_fused_pointwise", cpp_sources=SOURCE,
+                           functions=["fused_add_rms_norm", "silu_and_mul_out", "rotary_inplace"],
+                           extra_cflags=["-O3", "-march=native", "-fopenmp-simd", "-fno-trapping-math"])
+    except Exception as e:  # no compiler, no ninja, a failed build: all mean "use the PyTorch ops"
+        warnings.warn(f"the fused C++ kernels could not be built ({e}); the model uses PyTorch's ops instead")
+        return None
+
+
+# notebooks/10_fewer_passes.ipynb, cell 26
+def add_rms_norm_cpp(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """add_rms_norm_reference's contract, in one pass; x (and residual, if given) are overwritten."""
+    x = x.contiguous()
+    if residual is None:                                 # the first layer: the residual starts as a copy of x
+        residual = torch.empty_like(x)
+        extension().fused_add_rms_norm(x, residual, weight, eps, False)
+    else:
+        extension().fused_add_rms_norm(x, residual, weight, eps, True)
+    return x, residual
+
+
+# notebooks/10_fewer_passes.ipynb, cell 26
+def silu_and_mul_cpp(gate_up: torch.Tensor) -> torch.Tensor:
+    return extension().silu_and_mul_out(gate_up.contiguous())
+
+
+# notebooks/10_fewer_passes.ipynb, cell 26
+def rotary_cpp(positions, q, k, cos, sin):
+    """rotary_reference's contract; q and k are rotated in place and returned."""
+    positions = positions.contiguous()
+    extension().rotary_inplace(positions, q, cos, sin)
+    extension().rotary_inplace(positions, k, cos, sin)
+    return q, k
+
+
+# notebooks/10_fewer_passes.ipynb, cell 34
+@dataclass(frozen=True)
+class PointwiseOps:
+    """The steps between a Llama layer's matmuls, by one implementation."""
+    add_rms_norm: Callable   # (x, residual | None, weight, eps) -> (normed, new residual)
+    silu_and_mul: Callable   # (gate_up (tokens, 2 * inter)) -> (tokens, inter)
+    rotary: Callable         # (positions, q, k, cos, sin) -> (q, k)
+
+
+# notebooks/10_fewer_passes.ipynb, cell 34
+TORCH_OPS = PointwiseOps(add_rms_norm_reference, silu_and_mul_reference, rotary_reference)
+
+
+# notebooks/10_fewer_passes.ipynb, cell 34
+CPP_OPS = PointwiseOps(add_rms_norm_cpp, silu_and_mul_reference, rotary_cpp)   # PyTorch's SiLU x up: measured
+
+
+# notebooks/10_fewer_passes.ipynb, cell 34
+@functools.cache
+def compiled_ops() -> PointwiseOps:
+    """PyTorch's ops through torch.compile, one graph for every token count (compiled at the first call)."""
+    compile_ = functools.partial(torch.compile, dynamic=True)
+    return PointwiseOps(compile_(add_rms_norm_reference), compile_(silu_and_mul_reference), compile_(rotary_reference))
+
+
+# notebooks/10_fewer_passes.ipynb, cell 34
+def pointwise_ops(device: torch.device, fusion: str = "auto") -> PointwiseOps:
+    """fusion: "auto" (the C++ kernels on a CPU where they built, else PyTorch's ops), "cpp", "torch", "compile"."""
+    if fusion == "torch":
+        return TORCH_OPS
+    if fusion == "compile":
+        return compiled_ops()
+    if fusion not in ("auto", "cpp"):
+        raise ValueError(f"fusion must be 'auto', 'cpp', 'torch' or 'compile', got {fusion!r}")
+    if device.type == "cpu" and not torch.is_grad_enabled() and extension() is not None:
+        return CPP_OPS                                    # the kernels write in place: no autograd through them
+    if fusion == "cpp":
+        raise RuntimeError("fusion='cpp' needs the C++ kernels on a CPU, without autograd, and a C++ compiler")
+    return TORCH_OPS
