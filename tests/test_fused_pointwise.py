@@ -1,0 +1,126 @@
+"""Chapter 10's fused C++ kernels (add + RMSNorm, SiLU x up, rotary in place) against the PyTorch ops they replace,
+and the model built on them against transformers."""
+
+import pytest
+import torch
+
+from rosellm_edu.kernels import cpu_fused
+from rosellm_edu.kernels.cpu_fused import (CPP_OPS, TORCH_OPS, add_rms_norm_cpp, add_rms_norm_reference,
+                                           pointwise_ops, rotary_cpp, rotary_reference, silu_and_mul_cpp,
+                                           silu_and_mul_reference)
+
+pytestmark = pytest.mark.skipif(cpu_fused.extension() is None, reason="no C++ compiler: the kernels were not built")
+
+DTYPES = [torch.float32, torch.bfloat16]
+# float32: the fused sum of squares is added in another order; bfloat16: one rounding step of bfloat16
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, n", [(1, 8), (7, 33), (64, 576), (130, 1000)])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_add_rms_norm_matches_the_unfused_ops(dtype, rows, n, with_residual):
+    g = torch.Generator().manual_seed(rows * n)
+    x = (3 * torch.randn(rows, n, generator=g)).to(dtype)
+    residual = torch.randn(rows, n, generator=g).to(dtype) if with_residual else None
+    weight = (torch.rand(n, generator=g) + 0.5).to(dtype)
+    normed, new_residual = add_rms_norm_reference(x, residual, weight, 1e-5)
+    got_normed, got_residual = add_rms_norm_cpp(x.clone(), None if residual is None else residual.clone(), weight, 1e-5)
+    torch.testing.assert_close(got_residual, new_residual, atol=0, rtol=0)     # the add rounds as PyTorch's does
+    torch.testing.assert_close(got_normed, normed, **TOL[dtype])
+
+
+def test_add_rms_norm_writes_both_outputs_in_place():
+    x, residual, weight = torch.randn(5, 16), torch.randn(5, 16), torch.ones(16)
+    expected = add_rms_norm_reference(x, residual, weight, 1e-6)
+    got = add_rms_norm_cpp(x, residual, weight, 1e-6)
+    assert got[0].data_ptr() == x.data_ptr() and got[1].data_ptr() == residual.data_ptr()
+    torch.testing.assert_close(residual, expected[1])
+    torch.testing.assert_close(x, expected[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, n", [(1, 8), (7, 33), (64, 1536), (3, 1001)])
+def test_silu_and_mul_matches_the_unfused_ops(dtype, rows, n):
+    g = torch.Generator().manual_seed(rows + n)
+    gate_up = (4 * torch.randn(rows, 2 * n, generator=g)).to(dtype)
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])     # far tails of exp, and zero
+    torch.testing.assert_close(silu_and_mul_cpp(gate_up), silu_and_mul_reference(gate_up), **TOL[dtype])
+
+
+def rope_tables(max_pos, d, dtype):
+    angles = torch.outer(torch.arange(max_pos, dtype=torch.float32), 1.0 / 10000 ** (torch.arange(0, d, 2) / d))
+    angles = torch.cat((angles, angles), -1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens, heads, kv_heads, d", [(1, 1, 1, 2), (5, 9, 3, 64), (37, 4, 2, 6), (64, 3, 1, 128)])
+def test_rotary_rotates_strided_q_and_k_in_place_and_leaves_v_alone(dtype, tokens, heads, kv_heads, d):
+    g = torch.Generator().manual_seed(tokens * d)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=g).to(dtype)   # as the model's qkv output
+    q = qkv[:, :heads * d].view(tokens, heads, d)
+    k = qkv[:, heads * d:(heads + kv_heads) * d].view(tokens, kv_heads, d)
+    v_before = qkv[:, (heads + kv_heads) * d:].clone()
+    cos, sin = rope_tables(300, d, dtype)
+    positions = torch.randint(0, 300, (tokens,), generator=g)
+    expected_q, expected_k = rotary_reference(positions, q, k, cos, sin)
+    got_q, got_k = rotary_cpp(positions, q, k, cos, sin)
+    assert got_q.data_ptr() == q.data_ptr() and got_k.data_ptr() == k.data_ptr()
+    torch.testing.assert_close(q, expected_q, **TOL[dtype])
+    torch.testing.assert_close(k, expected_k, **TOL[dtype])
+    assert torch.equal(qkv[:, (heads + kv_heads) * d:], v_before)
+
+
+def test_kernels_refuse_bad_input_with_a_message_that_names_it():
+    ext = cpu_fused.extension()
+    x, w = torch.randn(4, 8), torch.ones(8)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        ext.silu_and_mul_out(torch.randn(4, 8, dtype=torch.float16))
+    with pytest.raises(RuntimeError, match="residual"):
+        ext.fused_add_rms_norm(x, torch.randn(4, 9), w, 1e-6, True)
+    with pytest.raises(RuntimeError, match="weight"):
+        ext.fused_add_rms_norm(x, torch.randn(4, 8), torch.ones(7), 1e-6, True)
+    with pytest.raises(RuntimeError, match="even"):
+        ext.silu_and_mul_out(torch.randn(4, 7))
+    cos, sin = rope_tables(10, 8, torch.float32)
+    with pytest.raises(RuntimeError, match="position 10"):
+        ext.rotary_inplace(torch.tensor([0, 10]), torch.randn(2, 1, 8), cos, sin)
+
+
+def test_pointwise_ops_choice():
+    cpu = torch.device("cpu")
+    with torch.no_grad():
+        assert pointwise_ops(cpu, "auto") is CPP_OPS
+        assert pointwise_ops(cpu, "cpp") is CPP_OPS
+    assert pointwise_ops(cpu, "torch") is TORCH_OPS
+    assert pointwise_ops(cpu, "auto") is TORCH_OPS          # autograd on: in-place kernels would hide the graph
+    with pytest.raises(ValueError, match="fusion"):
+        pointwise_ops(cpu, "fast")
+
+
+@pytest.mark.parametrize("fusion", ["auto", "torch"])
+def test_embedded_model_logits_match_transformers_with_and_without_fusion(our_model, hf_model, tokenizer, fusion):
+    ids = torch.tensor(tokenizer("Fused kernels read each activation once.").input_ids)
+    our_model.model.fusion = fusion
+    try:
+        with torch.no_grad():
+            mine = our_model.compute_logits(our_model(ids, torch.arange(len(ids))))
+            theirs = hf_model(ids[None]).logits[0]
+    finally:
+        our_model.model.fusion = "auto"
+    torch.testing.assert_close(mine, theirs, atol=2e-3, rtol=1e-4)
+    assert torch.equal(mine.argmax(-1), theirs.argmax(-1))
+
+
+def test_bfloat16_model_fused_and_unfused_agree(embedded_dir):
+    from rosellm_edu import model_loader
+
+    model = model_loader.load_model(embedded_dir, torch.bfloat16)
+    ids = torch.randint(100, model.config.vocab_size, (24,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        fused = model.compute_logits(model(ids, torch.arange(24))).float()
+        model.model.fusion = "torch"
+        unfused = model.compute_logits(model(ids, torch.arange(24))).float()
+    # the same numbers but for the order of each norm's sum of squares: bfloat16-close, not equal
+    assert (fused - unfused).abs().max() < 0.05 * unfused.abs().max()
