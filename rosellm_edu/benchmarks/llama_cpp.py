@@ -138,8 +138,10 @@ def convert(bin_dir: Path, source: Path, dtype: str) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     step(f"converting {source.name} to {GGUF_TYPES[dtype]}")
     partial = out.with_suffix(".part")
-    subprocess.run([str(bin_dir / "llama-quantize"), "--allow-requantize", str(source), str(partial),
-                    GGUF_TYPES[dtype]], check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run([str(bin_dir / "llama-quantize"), "--allow-requantize", str(source), str(partial),
+                           GGUF_TYPES[dtype]], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama-quantize failed ({done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
     partial.rename(out)
     return out
 
@@ -282,9 +284,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def report(args, argv, version: str, commit: str, results: list[dict], bench: dict | None) -> dict:
+def report(args, argv, version: str, commit: str, results: list[dict], bench: dict | None,
+           load_before: float | None = None) -> dict:
     return {"machine": {"device": device_name(), "describe": describe(), "threads": args.threads,
-                        "cpu_count": os.cpu_count()},
+                        "cpu_count": os.cpu_count(), "load_average_before": load_before},
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "llama_cpp": {"llama_cpp_python": version, "commit": commit},
             "command": " ".join(["python -m rosellm_edu.benchmarks.llama_cpp", *argv]),
@@ -312,6 +315,10 @@ def main(argv=None) -> None:
     tokenizer = model_loader.load_tokenizer(model_dir)   # counts tokens where a server's usage cannot
     vocab_size = model_loader.load_config(model_dir).vocab_size
     step(f"machine: {describe()}; {args.threads} threads for both servers")
+    load = os.getloadavg()[0]
+    if load > 0.5 * (os.cpu_count() or 1):
+        step(f"warning: load average {load:.1f} on {os.cpu_count()} cores. llama.cpp's threads wait for each other "
+             "at every op, so on a busy machine it slows far more than we do: compare on an idle machine")
     results = []
     for name in args.workloads:
         requests = workload(name, args.num_requests, vocab_size, args.seed)
@@ -341,7 +348,7 @@ def main(argv=None) -> None:
               f"generation {bench['generation_tokens_s']:.1f} tokens/s")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report(args, argv, args.version, commit, results, bench), indent=2))
+        Path(args.out).write_text(json.dumps(report(args, argv, args.version, commit, results, bench, load), indent=2))
         step(f"wrote {args.out}")
 
 
