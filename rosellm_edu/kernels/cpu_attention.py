@@ -78,24 +78,50 @@ struct Scratch {
 
 # notebooks/09_attention_kernels.ipynb, cell 16
 SOURCE += r"""
-// Scores s (R, n) of one chunk of n keys at offsets w.off. Few rows (decode): a dot product per (row, key).
-// Many rows (prefill tile): transpose the chunk's keys once, then every row is an axpy over the keys.
+// Scores s (R, n) of one chunk of n keys at offsets w.off, for a decode's few rows: a dot product per (row, key),
+// four keys at a time so that four sums are in flight while each waits for its additions.
+template <typename T>
+void dot_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
+  const int64_t d = pg.d;
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) {            // four keys at a time: four independent sums in flight
+    const float* k0 = as_float(pg.k + w.off[t], w.kv.data(), d);
+    const float* k1 = as_float(pg.k + w.off[t + 1], w.kv.data() + d, d);
+    const float* k2 = as_float(pg.k + w.off[t + 2], w.kv.data() + 2 * d, d);
+    const float* k3 = as_float(pg.k + w.off[t + 3], w.kv.data() + 3 * d, d);
+    for (int64_t r = 0; r < R; ++r) {
+      const float* qr = w.q.data() + r * d;
+      float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+      for (int64_t i = 0; i < d; ++i) {
+        s0 += qr[i] * k0[i], s1 += qr[i] * k1[i];
+        s2 += qr[i] * k2[i], s3 += qr[i] * k3[i];
+      }
+      float* sr = w.s.data() + r * KC + t;
+      sr[0] = s0, sr[1] = s1, sr[2] = s2, sr[3] = s3;
+    }
+  }
+  for (; t < n; ++t) {
+    const float* kt = as_float(pg.k + w.off[t], w.kv.data(), d);
+    for (int64_t r = 0; r < R; ++r) {
+      const float* qr = w.q.data() + r * d;
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t i = 0; i < d; ++i) dot += qr[i] * kt[i];
+      w.s[r * KC + t] = dot;
+    }
+  }
+}
+"""
+
+
+# notebooks/09_attention_kernels.ipynb, cell 18
+SOURCE += r"""
+// The same for many rows (a prefill tile): transpose the chunk's keys once, then every row is an axpy over keys.
 template <typename T>
 void chunk_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
   const int64_t d = pg.d;
-  if (R < 8) {
-    for (int64_t t = 0; t < n; ++t) {
-      const float* kt = as_float(pg.k + w.off[t], w.kv.data(), d);
-      for (int64_t r = 0; r < R; ++r) {
-        const float* qr = w.q.data() + r * d;
-        float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t i = 0; i < d; ++i) dot += qr[i] * kt[i];
-        w.s[r * KC + t] = dot;
-      }
-    }
-    return;
-  }
+  if (R < 8) return dot_scores(pg, w, R, n);
   for (int64_t t = 0; t < n; ++t) {
     const T* kt = pg.k + w.off[t];
     for (int64_t i = 0; i < d; ++i) w.kt[i * KC + t] = float(kt[i]);      // (d, KC)
@@ -113,7 +139,7 @@ void chunk_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 18
+# notebooks/09_attention_kernels.ipynb, cell 20
 SOURCE += r"""
 // acc (R, d) += p (R, n) @ V (n, d), p in the score buffer: 4 rows x 16 dims of acc stay in registers while t
 // runs over the chunk's keys (a head_dim that is no multiple of 16 takes the plain loop).
@@ -146,7 +172,7 @@ void add_values(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 20
+# notebooks/09_attention_kernels.ipynb, cell 22
 SOURCE += r"""
 // Fold keys [k0, k1) into the running (m, l, acc) of the tile's rows; row r = j * group + g sits at position
 // pos0 + j and sees keys <= its position (causal).
@@ -181,7 +207,7 @@ void attend_range(const Paged<T>& pg, Scratch& w, int64_t nq, int64_t group, int
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 22
+# notebooks/09_attention_kernels.ipynb, cell 24
 SOURCE += r"""
 // One work item: a tile of one sequence's queries, one kv head, one split of the keys it sees.
 struct Item { int64_t seq, q0, nq, h, split; };
@@ -200,7 +226,7 @@ void start_tile(const T* q, Scratch& w, const Item& x, int64_t heads, int64_t gr
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 23
+# notebooks/09_attention_kernels.ipynb, cell 25
 SOURCE += r"""
 // The work of a batch: sequence i's query rows cu[i] .. cu[i+1]-1 in tiles of `tile`, each tile's keys cut into
 // splits of `part` positions (flash-decoding) when the tiles alone are too few to keep every core busy.
@@ -229,7 +255,7 @@ std::vector<Item> plan(const int32_t* lens, const int32_t* cu, int64_t seqs, int
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 25
+# notebooks/09_attention_kernels.ipynb, cell 27
 SOURCE += r"""
 // Merge each (token, head)'s partial softmax results, split by split: the exercise of chapter 04, in C++.
 // A split that saw no key has m = -inf, l = 0, acc = 0 and weighs nothing.
@@ -257,7 +283,7 @@ void merge_splits(const std::vector<float>& pm, const std::vector<float>& pl, co
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 27
+# notebooks/09_attention_kernels.ipynb, cell 29
 SOURCE += r"""
 // out (tokens, heads, d) from q (tokens, heads, d). With one split, items write their rows of out directly;
 // with several, each writes its (m, l, acc) and a second pass merges them, as two halves of a softmax merge.
@@ -296,7 +322,7 @@ void paged_attention(const T* q, const T* k, const T* v, const int32_t* tables, 
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 29
+# notebooks/09_attention_kernels.ipynb, cell 31
 SOURCE += r"""
 // The entry points PyTorch calls: checks, then one template per dtype (float32, bfloat16, float16).
 torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
@@ -330,7 +356,7 @@ torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 31
+# notebooks/09_attention_kernels.ipynb, cell 33
 @functools.cache
 def extension():
     """The compiled kernel, built once per machine (cached under ~/.cache/torch_extensions); None where no C++
@@ -346,7 +372,7 @@ def extension():
         return None
 
 
-# notebooks/09_attention_kernels.ipynb, cell 32
+# notebooks/09_attention_kernels.ipynb, cell 34
 def paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, cu_query_lens, scale: float, *,
                                 tile: int = 32, partition: int = 0) -> torch.Tensor:
     """q (tokens, heads, d) packed: sequence i's new tokens are rows cu_query_lens[i] .. cu_query_lens[i+1]-1,
@@ -357,7 +383,7 @@ def paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, context_lens,
                                         cu_query_lens.contiguous(), scale, tile, partition)
 
 
-# notebooks/09_attention_kernels.ipynb, cell 32
+# notebooks/09_attention_kernels.ipynb, cell 34
 def paged_decode_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, scale: float, *,
                                partition: int = 0) -> torch.Tensor:
     """Chapter 04's decode contract, q (seqs, heads, d): one query per sequence, keys split when cores idle."""
