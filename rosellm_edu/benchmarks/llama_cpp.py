@@ -95,7 +95,7 @@ def fetch_source(version: str, dest: Path) -> str:
 
 
 def vendored_commit(changelog: str, version: str) -> str:
-    """The llama.cpp commit that the release's CHANGELOG section names last ("update llama.cpp to ...@<sha>")."""
+    """The commit the release's CHANGELOG section names first, its newest ("update llama.cpp to ...@<sha>")."""
     section = re.search(rf"^## \[{re.escape(version)}\]\s*$(.*?)(?=^## \[|\Z)", changelog, re.M | re.S)
     found = re.findall(r"llama\.cpp@([0-9a-f]{7,40})", section.group(1)) if section else []
     return found[0] if found else "unknown"
