@@ -59,7 +59,8 @@ def test_vendored_commit_is_the_versions_own():
 def test_batched_bench_rates_read_from_its_jsonl():
     line = ('{"n_kv_max": 12288, "n_batch": 2048, "n_ubatch": 512, "flash_attn": -1, "is_pp_shared": 0, '
             '"n_gpu_layers": -1, "n_threads": 2, "n_threads_batch": 2, "pp": 128, "tg": 64, "pl": 64, '
-            '"n_kv": 12288, "t_pp": 4.5, "speed_pp": 1820.4, "t_tg": 4.3, "speed_tg": 952.6, "t": 8.8, "speed": 1396.3}')
+            '"n_kv": 12288, "t_pp": 4.5, "speed_pp": 1820.4, "t_tg": 4.3, "speed_tg": 952.6, "t": 8.8, '
+            '"speed": 1396.3}')
     row = llama_cpp.parse_batched_bench("main: n_kv_max = 12288\n" + line + "\nllama_perf_context_print: ...\n")
     assert (row["speed_pp"], row["speed_tg"], row["pl"]) == (1820.4, 952.6, 64)
     with pytest.raises(RuntimeError, match="no jsonl result"):
@@ -92,6 +93,7 @@ def test_missing_cmake_is_named(monkeypatch):
     monkeypatch.setattr(llama_cpp.shutil, "which", lambda name, path=None: None)
     with pytest.raises(SystemExit, match="cmake"):
         llama_cpp.require_tools()
-    monkeypatch.setattr(llama_cpp.shutil, "which", lambda name, path=None: "/usr/bin/cmake" if name == "cmake" else None)
+    only_cmake = lambda name, path=None: "/usr/bin/cmake" if name == "cmake" else None  # noqa: E731
+    monkeypatch.setattr(llama_cpp.shutil, "which", only_cmake)
     with pytest.raises(SystemExit, match="C compiler .* and a C\\+\\+ compiler"):
         llama_cpp.require_tools()
