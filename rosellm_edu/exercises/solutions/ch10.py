@@ -28,3 +28,7 @@ def rotate_in_place(positions, x, cos, sin):
     a, b = x[..., :half].clone(), x[..., half:].clone()                # read both halves before writing either
     x[..., :half] = a * c - b * s
     x[..., half:] = b * c + a * s
+
+
+SOLUTIONS = {"check_add_rms_norm": add_rms_norm, "check_pack_linears": pack_linears,
+             "check_rotate_in_place": rotate_in_place}
