@@ -130,3 +130,11 @@ def test_engine_with_chunked_prefill_still_equals_transformers(hf_model):
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     for out in llm.generate(prompts, params, use_tqdm=False):
         assert out.outputs[0].token_ids == hf_greedy(hf_model, out.prompt_token_ids, 6)
+
+
+@pytest.mark.parametrize("limit", [0, 2**40], ids=["kernel", "gather"])
+def test_cpu_prefill_gives_the_same_attention_on_either_side_of_the_size_limit(monkeypatch, limit):
+    from rosellm_edu.layers import paged_attention
+
+    monkeypatch.setattr(paged_attention, "GATHER_SCORES_LIMIT", limit)
+    assert_attention_matches_causal(PagedAttention, [[3, 7, 1, 12], [0, 2, 13], [9, 4, 5, 6]], [5, 0, 9], [1, 7, 4])

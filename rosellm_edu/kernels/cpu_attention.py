@@ -22,19 +22,27 @@ constexpr int64_t KC = 64;                 // keys per chunk: one chunk's scores
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
 // exp(x) as 2^k * p(r) with |r| <= ln2 / 2 (Cephes' polynomial): unlike std::exp, a loop of these vectorises.
+// Adding 1.5 * 2^23 rounds x / ln2 to the integer k and leaves k in the low bits of the float: no floor, no cast.
 inline float exp_approx(float x) {
-  const float k = std::floor(x * 1.44269504f + 0.5f);
-  const float r = x - k * 0.693359375f + k * 2.12194440e-4f;
+  const float xc = std::max(x, -88.f), shifted = xc * 1.44269504f + 12582912.f;
+  const float k = shifted - 12582912.f;
+  const float r = xc - k * 0.693359375f + k * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.f;
-  const int32_t bits = (int32_t(std::max(k, -126.f)) + 127) << 23;   // 2^k, built in the exponent bits
+  int32_t bits;
+  std::memcpy(&bits, &shifted, sizeof(float));
+  bits = (bits - 0x4B400000 + 127) << 23;  // k + 127 in the exponent bits: 2^k
   float two_k;
   std::memcpy(&two_k, &bits, sizeof(float));
   return x < -87.f ? 0.f : p * two_k;      // exp(-inf) = 0: masked keys weigh nothing
 }
+"""
 
+
+# notebooks/09_attention_kernels.ipynb, cell 14
+SOURCE += r"""
 // A row of K or V as float32: a copy into a small buffer for bfloat16/half, the row itself for float32.
 template <typename T>
 inline const float* as_float(const T* src, float* buf, int64_t d) {
@@ -47,7 +55,7 @@ inline const float* as_float<float>(const float* src, float*, int64_t) { return 
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 14
+# notebooks/09_attention_kernels.ipynb, cell 16
 SOURCE += r"""
 // Where the pieces of one work item live: the cache's layout and one sequence's block table.
 template <typename T>
@@ -76,7 +84,7 @@ struct Scratch {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 16
+# notebooks/09_attention_kernels.ipynb, cell 18
 SOURCE += r"""
 // Scores s (R, n) of one chunk of n keys at offsets w.off, for a decode's few rows: a dot product per (row, key),
 // four keys at a time so that four sums are in flight while each waits for its additions.
@@ -115,7 +123,7 @@ void dot_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 18
+# notebooks/09_attention_kernels.ipynb, cell 20
 SOURCE += r"""
 // The same for many rows (a prefill tile): transpose the chunk's keys once, then every row is an axpy over keys.
 template <typename T>
@@ -139,7 +147,7 @@ void chunk_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 20
+# notebooks/09_attention_kernels.ipynb, cell 22
 SOURCE += r"""
 // acc (R, d) += p (R, n) @ V (n, d), p in the score buffer: 4 rows x 16 dims of acc stay in registers while t
 // runs over the chunk's keys (a head_dim that is no multiple of 16 takes the plain loop).
@@ -172,7 +180,7 @@ void add_values(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 22
+# notebooks/09_attention_kernels.ipynb, cell 24
 SOURCE += r"""
 // Fold keys [k0, k1) into the running (m, l, acc) of the tile's rows; row r = j * group + g sits at position
 // pos0 + j and sees keys <= its position (causal).
@@ -207,7 +215,7 @@ void attend_range(const Paged<T>& pg, Scratch& w, int64_t nq, int64_t group, int
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 24
+# notebooks/09_attention_kernels.ipynb, cell 26
 SOURCE += r"""
 // One work item: a tile of one sequence's queries, one kv head, one split of the keys it sees.
 struct Item { int64_t seq, q0, nq, h, split; };
@@ -226,7 +234,7 @@ void start_tile(const T* q, Scratch& w, const Item& x, int64_t heads, int64_t gr
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 25
+# notebooks/09_attention_kernels.ipynb, cell 27
 SOURCE += r"""
 // The work of a batch: sequence i's query rows cu[i] .. cu[i+1]-1 in tiles of `tile`, each tile's keys cut into
 // splits of `part` positions (flash-decoding) when the tiles alone are too few to keep every core busy.
@@ -255,7 +263,7 @@ std::vector<Item> plan(const int32_t* lens, const int32_t* cu, int64_t seqs, int
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 27
+# notebooks/09_attention_kernels.ipynb, cell 29
 SOURCE += r"""
 // Merge each (token, head)'s partial softmax results, split by split: the exercise of chapter 04, in C++.
 // A split that saw no key has m = -inf, l = 0, acc = 0 and weighs nothing.
@@ -283,7 +291,7 @@ void merge_splits(const std::vector<float>& pm, const std::vector<float>& pl, co
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 29
+# notebooks/09_attention_kernels.ipynb, cell 31
 SOURCE += r"""
 // out (tokens, heads, d) from q (tokens, heads, d). With one split, items write their rows of out directly;
 // with several, each writes its (m, l, acc) and a second pass merges them, as two halves of a softmax merge.
@@ -322,7 +330,7 @@ void paged_attention(const T* q, const T* k, const T* v, const int32_t* tables, 
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 31
+# notebooks/09_attention_kernels.ipynb, cell 33
 SOURCE += r"""
 // The entry points PyTorch calls: checks, then one template per dtype (float32, bfloat16, float16).
 torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
@@ -356,7 +364,7 @@ torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 33
+# notebooks/09_attention_kernels.ipynb, cell 35
 @functools.cache
 def extension():
     """The compiled kernel, built once per machine (cached under ~/.cache/torch_extensions); None where no C++
@@ -372,7 +380,7 @@ def extension():
         return None
 
 
-# notebooks/09_attention_kernels.ipynb, cell 34
+# notebooks/09_attention_kernels.ipynb, cell 36
 def paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, cu_query_lens, scale: float, *,
                                 tile: int = 32, partition: int = 0) -> torch.Tensor:
     """q (tokens, heads, d) packed: sequence i's new tokens are rows cu_query_lens[i] .. cu_query_lens[i+1]-1,
@@ -383,7 +391,7 @@ def paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, context_lens,
                                         cu_query_lens.contiguous(), scale, tile, partition)
 
 
-# notebooks/09_attention_kernels.ipynb, cell 34
+# notebooks/09_attention_kernels.ipynb, cell 36
 def paged_decode_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, scale: float, *,
                                partition: int = 0) -> torch.Tensor:
     """Chapter 04's decode contract, q (seqs, heads, d): one query per sequence, keys split when cores idle."""
