@@ -37,7 +37,7 @@ def rotary_reference(positions, q, k, cos, sin):
     return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
 
 
-# notebooks/10_fewer_passes.ipynb, cell 15
+# notebooks/10_fewer_passes.ipynb, cell 14
 SOURCE = r"""#include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -74,7 +74,7 @@ inline float exp_poly(float x) {
 """
 
 
-# notebooks/10_fewer_passes.ipynb, cell 17
+# notebooks/10_fewer_passes.ipynb, cell 16
 SOURCE += r"""
 // residual <- residual + x (or a copy of x when add is false), x <- rmsnorm(residual) * weight: each row read
 // once and written once, where the unfused add and norm make seven passes.
@@ -100,7 +100,7 @@ void add_rms_norm(T* x, T* residual, const T* w, int64_t rows, int64_t n, float 
 """
 
 
-# notebooks/10_fewer_passes.ipynb, cell 19
+# notebooks/10_fewer_passes.ipynb, cell 18
 SOURCE += r"""
 
 // out = silu(gate) * up, reading the (rows, 2 * n) output of the packed gate_up matmul once. Two simple loops per
@@ -124,7 +124,7 @@ void silu_and_mul(const T* gu, T* out, int64_t rows, int64_t n) {
 """
 
 
-# notebooks/10_fewer_passes.ipynb, cell 21
+# notebooks/10_fewer_passes.ipynb, cell 20
 SOURCE += r"""
 // Rotary in place on one (tokens, heads, d) view whose rows may be strided (q and k are slices of the qkv output):
 // element i pairs with i + d/2, both read before either is written. cos, sin: (max_positions, d) in x's dtype.
@@ -151,7 +151,7 @@ void rotary(T* x, int64_t row_stride, const int64_t* pos, const T* cos, const T*
 """
 
 
-# notebooks/10_fewer_passes.ipynb, cell 23
+# notebooks/10_fewer_passes.ipynb, cell 22
 SOURCE += r"""
 
 // float32 and bfloat16 only: float16 would need its own conversions.
@@ -184,7 +184,7 @@ void fused_add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor w
 """
 
 
-# notebooks/10_fewer_passes.ipynb, cell 24
+# notebooks/10_fewer_passes.ipynb, cell 23
 SOURCE += r"""
 torch::Tensor silu_and_mul_out(torch::Tensor gate_up) {
   check_rows(gate_up, "gate_up");
@@ -215,7 +215,7 @@ void rotary_inplace(torch::Tensor positions, torch::Tensor x, torch::Tensor cos,
 """
 
 
-# notebooks/10_fewer_passes.ipynb, cell 25
+# notebooks/10_fewer_passes.ipynb, cell 24
 @functools.cache
 def extension():
     """The compiled kernels, built once per machine (`make model` does it; torch caches the build under
@@ -231,7 +231,7 @@ def extension():
         return None
 
 
-# notebooks/10_fewer_passes.ipynb, cell 26
+# notebooks/10_fewer_passes.ipynb, cell 25
 def add_rms_norm_cpp(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
     """add_rms_norm_reference's contract, in one pass; x (and residual, if given) are overwritten."""
     x = x.contiguous()
@@ -243,12 +243,12 @@ def add_rms_norm_cpp(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
     return x, residual
 
 
-# notebooks/10_fewer_passes.ipynb, cell 26
+# notebooks/10_fewer_passes.ipynb, cell 25
 def silu_and_mul_cpp(gate_up: torch.Tensor) -> torch.Tensor:
     return extension().silu_and_mul_out(gate_up.contiguous())
 
 
-# notebooks/10_fewer_passes.ipynb, cell 26
+# notebooks/10_fewer_passes.ipynb, cell 25
 def rotary_cpp(positions, q, k, cos, sin):
     """rotary_reference's contract; q and k are rotated in place and returned."""
     positions = positions.contiguous()
