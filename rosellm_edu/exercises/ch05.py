@@ -42,29 +42,30 @@ def _decode_cases():
 
 @checker("decode_inputs")
 def check_decode_inputs(fn) -> str:
-    """fn(tokens, positions, tables, rows, block_size, scratch_block) -> the five static inputs, as
-    ModelRunner.prepare_decode writes them."""
+    """fn(tokens, positions, tables, rows, block_size, scratch_block) -> the five static inputs, as chapter 05's
+    ModelRunner.prepare_decode writes them (chapter 08 later pads short tables differently)."""
     from transformers import LlamaConfig
 
-    from rosellm_edu.engine.kv_cache import KVCache
-    from rosellm_edu.engine.model_runner import ModelRunner
-    from rosellm_edu.engine.scheduler import ScheduledSeq
-    from rosellm_edu.sampling_params import SamplingParams
-    from rosellm_edu.sequence import Sequence
+    from rosellm_edu.book.chapter import package_as_of
 
     config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
     block_size = 16
-    cache = KVCache(config, 24, block_size)
-    runner = ModelRunner(_Model(config), cache, 8, 128, enforce_eager=True)
     cases = _decode_cases()
-    for tokens, positions, tables, rows in cases:
-        batch = [ScheduledSeq(Sequence(str(i), None, [0] * p + [t], SamplingParams()), p, 1)
-                 for i, (t, p) in enumerate(zip(tokens, positions))]
-        width = runner.prepare_decode(batch, tables, rows)
-        expected = {"input_ids": runner.input_ids[:rows], "positions": runner.positions[:rows],
-                    "slot_mapping": runner.slot_mapping[:rows], "context_lens": runner.context_lens[:rows],
-                    "block_tables": runner.block_tables[:rows, :width]}
+    with package_as_of("06_fast_sampling.ipynb") as load:   # the package as chapter 05 leaves it
+        cache = load("engine.kv_cache").KVCache(config, 24, block_size)
+        runner = load("engine.model_runner").ModelRunner(_Model(config), cache, 8, 128, enforce_eager=True)
+        Sequence, SamplingParams = load("sequence").Sequence, load("sampling_params").SamplingParams
+        ScheduledSeq = load("engine.scheduler").ScheduledSeq
+        references = []
+        for tokens, positions, tables, rows in cases:
+            batch = [ScheduledSeq(Sequence(str(i), None, [0] * p + [t], SamplingParams()), p, 1)
+                     for i, (t, p) in enumerate(zip(tokens, positions))]
+            width = runner.prepare_decode(batch, tables, rows)
+            inputs = {name: getattr(runner, name)[:rows].clone()
+                      for name in ("input_ids", "positions", "slot_mapping", "context_lens")}
+            references.append(inputs | {"block_tables": runner.block_tables[:rows, :width].clone()})
+    for (tokens, positions, tables, rows), expected in zip(cases, references):
         got = fn(list(tokens), list(positions), [list(t) for t in tables], rows, block_size, cache.scratch_block)
         where = f"decode_inputs({tokens}, {positions}, {tables}, rows={rows}, block_size={block_size}, " \
                 f"scratch_block={cache.scratch_block})"
