@@ -110,7 +110,7 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-# notebooks/04_paged_attention.ipynb, cell 80
+# notebooks/04_paged_attention.ipynb, cell 81
 def check_samples(p: SamplingParams) -> None:
     if not _is_int(p.n) or p.n < 1:
         _fail(p, "n", "must be an integer >= 1")

@@ -169,7 +169,7 @@ class BlockManager:
         self.table.write(child_id, table)
         self.num_hashed[child_id] = self.num_hashed[parent_id]
 
-    # notebooks/04_paged_attention.ipynb, cell 85
+    # notebooks/04_paged_attention.ipynb, cell 86
     def copy_on_write(self, src: int) -> int:
         """A private copy of shared block src: a free block, and a note to copy src's K/V into it."""
         dst = self._take_free()
@@ -177,7 +177,7 @@ class BlockManager:
         self.copies.append((src, dst))
         return dst
 
-    # notebooks/04_paged_attention.ipynb, cell 85
+    # notebooks/04_paged_attention.ipynb, cell 86
     def take_copies(self) -> list[tuple[int, int]]:
         """The copies recorded since the last call, for the engine to make before its forward pass."""
         copies, self.copies = self.copies, []

@@ -125,7 +125,7 @@ class LLMEngine:
         seeded = None if params.seed is None else torch.Generator(self.device).manual_seed(params.seed)
         return Sequence(request_id, text, ids, params, generator=seeded)
 
-    # notebooks/04_paged_attention.ipynb, cell 103
+    # notebooks/04_paged_attention.ipynb, cell 104
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
         if self.scheduler.find(request_id) is not None or request_id in self.scheduler.parents:     # or its samples still run
             raise ValueError(f"request {request_id!r} is already running")
@@ -142,7 +142,7 @@ class LLMEngine:
                              f"max_num_seqs={self.scheduler.max_num_seqs} sequences at once")
         self.scheduler.add(seq)
 
-    # notebooks/04_paged_attention.ipynb, cell 103
+    # notebooks/04_paged_attention.ipynb, cell 104
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Abort one request or several, all n samples of each; an unknown or finished id is ignored, as vLLM
         does: a caller racing the engine (a client leaving as its request finishes) must not crash it."""
@@ -153,7 +153,7 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    # notebooks/04_paged_attention.ipynb, cell 100
+    # notebooks/04_paged_attention.ipynb, cell 101
     @torch.no_grad()
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
@@ -203,13 +203,13 @@ class LLMEngine:
                 seq.record_logprobs(self.with_text(logprobs), token)
         return out.token_ids
 
-    # notebooks/04_paged_attention.ipynb, cell 66
+    # notebooks/04_paged_attention.ipynb, cell 67
     def kv_cache_stats(self) -> dict:
         """total_blocks, free_blocks, cached_blocks (free but holding a reusable prefix), prefix_hit_rate (new
         requests' prompt tokens found cached) and resumed_hit_rate (the same for preempted sequences readmitted)."""
         return self.scheduler.block_manager.stats()
 
-    # notebooks/04_paged_attention.ipynb, cell 101
+    # notebooks/04_paged_attention.ipynb, cell 102
     def fork_samples(self, sampling: list[Sequence]) -> tuple[list[Sequence], list[int]]:
         """The sequences that sample this step, each followed by the samples it forks, and each one's logits row."""
         seqs, rows = [], []
@@ -219,7 +219,7 @@ class LLMEngine:
             rows += [row] * len(family)
         return seqs, rows
 
-    # notebooks/04_paged_attention.ipynb, cell 101
+    # notebooks/04_paged_attention.ipynb, cell 102
     def fork(self, seq: Sequence) -> list[Sequence]:
         """Samples 1..n-1 of seq's request, the first time seq samples; [] for every other sequence and step."""
         parent = self.scheduler.parents.get(seq.request_id)
@@ -232,7 +232,7 @@ class LLMEngine:
             self.scheduler.fork(seq, child)
         return children
 
-    # notebooks/04_paged_attention.ipynb, cell 101
+    # notebooks/04_paged_attention.ipynb, cell 102
     def request_outputs(self, seqs: list[Sequence]) -> list[RequestOutput]:
         """One RequestOutput per request that sampled: a request with n > 1 reports all its samples in one."""
         outputs = {}

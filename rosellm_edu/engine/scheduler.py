@@ -28,7 +28,7 @@ class Scheduler:
     """Picks each step's batch under a token budget: running sequences first (decodes and prefill chunks), then
     waiting ones while blocks and seats remain."""
 
-    # notebooks/04_paged_attention.ipynb, cell 95
+    # notebooks/04_paged_attention.ipynb, cell 96
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
         self.block_manager = block_manager
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
@@ -40,7 +40,7 @@ class Scheduler:
         self.preempted: set[str] = set()           # unfinished sequences preempted at least once
         self.parents: dict[str, ParentRequest] = {}  # each sample of a request with n > 1 -> its request
 
-    # notebooks/04_paged_attention.ipynb, cell 95
+    # notebooks/04_paged_attention.ipynb, cell 96
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
         self.requests[seq.request_id] = seq
@@ -53,7 +53,7 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    # notebooks/04_paged_attention.ipynb, cell 97
+    # notebooks/04_paged_attention.ipynb, cell 98
     def schedule(self) -> list[ScheduledSeq]:
         budget, batch, preemptions = self.max_num_batched_tokens, [], self.num_preemptions
         i = 0
@@ -86,7 +86,7 @@ class Scheduler:
             self.num_computed[s.seq.request_id] = s.num_computed + s.num_new
             self.block_manager.commit(s.seq, s.num_computed + s.num_new)
 
-    # notebooks/04_paged_attention.ipynb, cell 98
+    # notebooks/04_paged_attention.ipynb, cell 99
     def remove(self, seq: Sequence) -> None:
         """Take a finished or aborted sequence out and free its KV blocks."""
         if seq.status == SequenceStatus.WAITING:
@@ -102,7 +102,7 @@ class Scheduler:
             for s in parent.samples:
                 del self.parents[s.request_id]
 
-    # notebooks/04_paged_attention.ipynb, cell 97
+    # notebooks/04_paged_attention.ipynb, cell 98
     def make_room(self, seq: Sequence, num_computed: int, num_tokens: int) -> bool:
         """Preempt the newest running sequences until seq has blocks for num_tokens, and its own copy of any shared
         block it writes from num_computed on; False if seq itself went."""
@@ -124,7 +124,7 @@ class Scheduler:
         self.num_preemptions += 1
         self.preempted.add(seq.request_id)
 
-    # notebooks/04_paged_attention.ipynb, cell 96
+    # notebooks/04_paged_attention.ipynb, cell 97
     def fork(self, seq: Sequence, child: Sequence) -> None:
         """Seat child beside seq, sharing seq's blocks and its computed positions; it samples in this same step."""
         self.block_manager.fork(seq.request_id, child.request_id)
@@ -136,13 +136,13 @@ class Scheduler:
         parent.samples.append(child)
         self.parents[child.request_id] = parent
 
-    # notebooks/04_paged_attention.ipynb, cell 96
+    # notebooks/04_paged_attention.ipynb, cell 97
     def seats(self, seq: Sequence) -> int:
         """Running seats seq takes when admitted: all n for a request not forked yet."""
         parent = self.parents.get(seq.request_id)
         return 1 if parent is None or parent.forked else parent.n
 
-    # notebooks/04_paged_attention.ipynb, cell 98
+    # notebooks/04_paged_attention.ipynb, cell 99
     def abort(self, request_id: str) -> None:
         """Take out an unfinished request: every sample of one with n > 1. Unknown or finished: nothing to do."""
         parent = self.parents.get(request_id)

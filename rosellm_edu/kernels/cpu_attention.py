@@ -3,9 +3,10 @@
 # (cells counted from 1 in their notebook, markdown cells included).
 
 import functools
-import warnings
 
 import torch
+
+from rosellm_edu.kernels.build import build_cpp
 
 
 # notebooks/09_attention_kernels.ipynb, cell 12
@@ -61,11 +62,13 @@ SOURCE += r"""
 template <typename T>
 struct Paged {
   const T* k; const T* v; const int32_t* table;
-  int64_t bs, row, h, d;                   // row: distance between two slots; h: this item's kv head
+  int64_t bs, row, d;                      // row: distance between two slots
+  // The same view with k and v moved to kv head h of every slot.
+  Paged head(int64_t h) const { return {k + h * d, v + h * d, table, bs, row, d}; }
   // The offsets of positions c .. c+n-1 in the pool, walking the block table (no division per key).
   void offsets(int64_t c, int64_t n, int64_t* off) const {
     for (int64_t t = 0, b = c / bs, o = c % bs; t < n; ++t) {
-      off[t] = (table[b] * bs + o) * row + h * d;
+      off[t] = (table[b] * bs + o) * row;
       if (++o == bs) { o = 0; ++b; }
     }
   }
@@ -125,10 +128,81 @@ void dot_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 
 # notebooks/09_attention_kernels.ipynb, cell 20
 SOURCE += r"""
-// The same for many rows (a prefill tile): transpose the chunk's keys once, then every row is an axpy over keys.
+// 16 elements of a row as one register of floats. bfloat16 is the upper half of a float32: widening is a shift.
+template <typename T>
+inline v16 load16(const T* p) {
+  v16 x;
+  for (int j = 0; j < 16; ++j) x[j] = float(p[j]);
+  return x;
+}
+template <>
+inline v16 load16<float>(const float* p) { return *reinterpret_cast<const v16*>(p); }
+template <>
+inline v16 load16<c10::BFloat16>(const c10::BFloat16* p) {
+  typedef uint16_t u16x16 __attribute__((vector_size(32), aligned(2)));
+  typedef uint32_t u32x16 __attribute__((vector_size(64)));
+  const u32x16 bits = __builtin_convertvector(*reinterpret_cast<const u16x16*>(p), u32x16) << 16;
+  v16 x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+// x[t] holds 16 partial sums of score t; returns the 16 scores. Each level adds the lane halves of two
+// registers into one (16 -> 8 -> 4 -> 2 -> 1), and a last shuffle puts the scores in key order.
+inline v16 sum16(v16* x) {
+  for (int k = 0; k < 8; ++k)
+    x[k] = __builtin_shufflevector(x[2 * k], x[2 * k + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           __builtin_shufflevector(x[2 * k], x[2 * k + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  for (int k = 0; k < 4; ++k)
+    x[k] = __builtin_shufflevector(x[2 * k], x[2 * k + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
+           __builtin_shufflevector(x[2 * k], x[2 * k + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int k = 0; k < 2; ++k)
+    x[k] = __builtin_shufflevector(x[2 * k], x[2 * k + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
+           __builtin_shufflevector(x[2 * k], x[2 * k + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+  const v16 y = __builtin_shufflevector(x[0], x[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
+                __builtin_shufflevector(x[0], x[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+  return __builtin_shufflevector(y, y, 0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15);
+}
+"""
+
+
+# notebooks/09_attention_kernels.ipynb, cell 22
+SOURCE += r"""
+// Scores s (R, n) of one chunk for a decode's few rows, head_dim = 16 * NV: a (row, key) pair leaves 16 partial
+// sums in part, and sum16 adds them up, 16 keys at a time. Keys past n count as zeros.
+template <typename T, int NV>
+void decode_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
+  v16* part = reinterpret_cast<v16*>(w.kt.data());          // (R, 16) registers of partial sums
+  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+    for (int64_t t = t0; t < t0 + 16; ++t) {
+      if (t >= n) { for (int64_t r = 0; r < R; ++r) part[r * 16 + t - t0] = v16{}; continue; }
+      for (int64_t b = 0; b < 16 * NV * int64_t(sizeof(T)); b += 64) {     // every 64-byte line of the rows
+        if (t + 8 < n) __builtin_prefetch(reinterpret_cast<const char*>(pg.k + w.off[t + 8]) + b);
+        __builtin_prefetch(reinterpret_cast<const char*>(pg.v + w.off[t]) + b);
+      }
+      v16 key[NV];
+      for (int c = 0; c < NV; ++c) key[c] = load16(pg.k + w.off[t] + 16 * c);
+      for (int64_t r = 0; r < R; ++r) {
+        const v16* qr = reinterpret_cast<const v16*>(w.q.data() + r * 16 * NV);
+        v16 a = qr[0] * key[0];
+        for (int c = 1; c < NV; ++c) a += qr[c] * key[c];
+        part[r * 16 + t - t0] = a;
+      }
+    }
+    for (int64_t r = 0; r < R; ++r) *reinterpret_cast<v16*>(w.s.data() + r * KC + t0) = sum16(part + r * 16);
+  }
+}
+"""
+
+
+# notebooks/09_attention_kernels.ipynb, cell 24
+SOURCE += r"""
+// Any other head_dim takes dot_scores. For many rows (a prefill tile): transpose the chunk's keys once, then every row is an axpy over keys.
 template <typename T>
 void chunk_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
   const int64_t d = pg.d;
+  if (R < 8 && d == 64) return decode_scores<T, 4>(pg, w, R, n);
+  if (R < 8 && d == 128) return decode_scores<T, 8>(pg, w, R, n);
   if (R < 8) return dot_scores(pg, w, R, n);
   for (int64_t t = 0; t < n; ++t) {
     const T* kt = pg.k + w.off[t];
@@ -147,13 +221,34 @@ void chunk_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 22
+# notebooks/09_attention_kernels.ipynb, cell 27
+SOURCE += r"""
+// acc (R, d) += p (R, n) @ V (n, d) for a decode's few rows, head_dim = 16 * NV: a row's accumulator stays in
+// NV registers while t runs over the chunk's values (decode_scores has already asked memory for them).
+template <typename T, int NV>
+void decode_values(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
+  for (int64_t r = 0; r < R; ++r) {
+    v16* ar = reinterpret_cast<v16*>(w.acc.data() + r * 16 * NV);
+    const float* pr = w.s.data() + r * KC;
+    v16 a[NV];
+    for (int c = 0; c < NV; ++c) a[c] = ar[c];
+    for (int64_t t = 0; t < n; ++t)
+      for (int c = 0; c < NV; ++c) a[c] += pr[t] * load16(pg.v + w.off[t] + 16 * c);
+    for (int c = 0; c < NV; ++c) ar[c] = a[c];
+  }
+}
+"""
+
+
+# notebooks/09_attention_kernels.ipynb, cell 28
 SOURCE += r"""
 // acc (R, d) += p (R, n) @ V (n, d), p in the score buffer: 4 rows x 16 dims of acc stay in registers while t
 // runs over the chunk's keys (a head_dim that is no multiple of 16 takes the plain loop).
 template <typename T>
 void add_values(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
   const int64_t d = pg.d;
+  if (R < 8 && d == 64) return decode_values<T, 4>(pg, w, R, n);
+  if (R < 8 && d == 128) return decode_values<T, 8>(pg, w, R, n);
   const float* vrow[KC];
   for (int64_t t = 0; t < n; ++t) vrow[t] = as_float(pg.v + w.off[t], w.kv.data() + t * d, d);
   if (d % 16) {
@@ -180,53 +275,65 @@ void add_values(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 24
+# notebooks/09_attention_kernels.ipynb, cell 30
 SOURCE += r"""
-// Fold keys [k0, k1) into the running (m, l, acc) of the tile's rows; row r = j * group + g sits at position
-// pos0 + j and sees keys <= its position (causal).
+// The online softmax over one chunk: the scores s (R, n) become weights, and (m, l, acc) are rescaled to the new
+// maximum. Row r = j * group + g sits at position pos0 + j and sees the keys <= its position (causal).
+inline void fold_chunk(Scratch& w, int64_t R, int64_t n, int64_t d, int64_t group, int64_t pos0, int64_t c) {
+  for (int64_t r = 0; r < R; ++r) {
+    float* sr = w.s.data() + r * KC;
+    const int64_t visible = std::min(n, pos0 + r / group - c + 1);     // keys of this chunk the row may see
+    float mx = w.m[r];
+    for (int64_t t = std::max<int64_t>(visible, 0); t < n; ++t) sr[t] = NEG_INF;
+#pragma omp simd reduction(max : mx)
+    for (int64_t t = 0; t < n; ++t) mx = std::max(mx, sr[t]);
+    if (mx == NEG_INF) { std::fill(sr, sr + n, 0.f); continue; }     // nothing visible yet: weights 0
+    const float alpha = exp_approx(w.m[r] - mx);                        // rescales what was summed so far
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t = 0; t < n; ++t) { sr[t] = exp_approx(sr[t] - mx); sum += sr[t]; }
+    float* ar = w.acc.data() + r * d;
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) ar[i] *= alpha;
+    w.l[r] = w.l[r] * alpha + sum;
+    w.m[r] = mx;
+  }
+}
+
+// Fold keys [k0, k1) into the running softmax of kv heads h0 .. h1-1 (ws[i] holds head h0 + i). The heads take
+// turns on each chunk, so a slot's K/V rows, contiguous across heads, are read from memory together.
 template <typename T>
-void attend_range(const Paged<T>& pg, Scratch& w, int64_t nq, int64_t group, int64_t pos0, int64_t k0, int64_t k1) {
-  const int64_t R = nq * group, d = pg.d;
+void attend_range(const Paged<T>& pg, Scratch* ws, int64_t h0, int64_t h1, int64_t nq, int64_t group, int64_t pos0,
+                  int64_t k0, int64_t k1) {
   for (int64_t c = k0; c < k1; c += KC) {
     const int64_t n = std::min(KC, k1 - c);
-    pg.offsets(c, n, w.off);
-    chunk_scores(pg, w, R, n);
-    for (int64_t r = 0; r < R; ++r) {
-      float* sr = w.s.data() + r * KC;
-      const int64_t visible = std::min(n, pos0 + r / group - c + 1);   // keys of this chunk the row may see
-      float mx = w.m[r];
-      for (int64_t t = std::max<int64_t>(visible, 0); t < n; ++t) sr[t] = NEG_INF;
-#pragma omp simd reduction(max : mx)
-      for (int64_t t = 0; t < n; ++t) mx = std::max(mx, sr[t]);
-      if (mx == NEG_INF) { std::fill(sr, sr + n, 0.f); continue; }   // nothing visible yet: weights 0
-      const float alpha = exp_approx(w.m[r] - mx);                      // rescales what was summed so far
-      float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t t = 0; t < n; ++t) { sr[t] = exp_approx(sr[t] - mx); sum += sr[t]; }
-      float* ar = w.acc.data() + r * d;
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) ar[i] *= alpha;
-      w.l[r] = w.l[r] * alpha + sum;
-      w.m[r] = mx;
+    for (int64_t h = h0; h < h1; ++h) {
+      Scratch& w = ws[h - h0];
+      const Paged<T> ph = pg.head(h);
+      ph.offsets(c, n, w.off);
+      chunk_scores(ph, w, nq * group, n);
+      fold_chunk(w, nq * group, n, pg.d, group, pos0, c);
+      add_values(ph, w, nq * group, n);
     }
-    add_values(pg, w, R, n);
   }
 }
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 26
+# notebooks/09_attention_kernels.ipynb, cell 32
 SOURCE += r"""
-// One work item: a tile of one sequence's queries, one kv head, one split of the keys it sees.
-struct Item { int64_t seq, q0, nq, h, split; };
+// One work item: a tile of one sequence's queries, kv heads h0 .. h1-1, one split of the keys it sees.
+struct Item { int64_t seq, q0, nq, h0, h1, split; };
 
-// A tile's scaled query rows (row j * group + g: query head h * group + g of token q0 + j) and an empty softmax.
+// A tile's scaled query rows for kv head h (row j * group + g: query head h * group + g of token q0 + j) and
+// an empty softmax.
 template <typename T>
-void start_tile(const T* q, Scratch& w, const Item& x, int64_t heads, int64_t group, int64_t d, float scale) {
+void start_tile(const T* q, Scratch& w, const Item& x, int64_t h, int64_t heads, int64_t group, int64_t d,
+                float scale) {
   for (int64_t j = 0; j < x.nq; ++j)
     for (int64_t g = 0; g < group; ++g)
       for (int64_t i = 0; i < d; ++i)
-        w.q[(j * group + g) * d + i] = float(q[((x.q0 + j) * heads + x.h * group + g) * d + i]) * scale;
+        w.q[(j * group + g) * d + i] = float(q[((x.q0 + j) * heads + h * group + g) * d + i]) * scale;
   std::fill(w.m.begin(), w.m.end(), NEG_INF);
   std::fill(w.l.begin(), w.l.end(), 0.f);
   std::fill(w.acc.begin(), w.acc.end(), 0.f);
@@ -234,20 +341,21 @@ void start_tile(const T* q, Scratch& w, const Item& x, int64_t heads, int64_t gr
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 27
+# notebooks/09_attention_kernels.ipynb, cell 33
 SOURCE += r"""
-// The work of a batch: sequence i's query rows cu[i] .. cu[i+1]-1 in tiles of `tile`, each tile's keys cut into
-// splits of `part` positions (flash-decoding) when the tiles alone are too few to keep every core busy.
-std::vector<Item> plan(const int32_t* lens, const int32_t* cu, int64_t seqs, int64_t kv_heads, int64_t tile,
-                       int64_t& part, int64_t& splits) {
+// The work of a batch: sequence i's query rows cu[i] .. cu[i+1]-1 in tiles of `tile`, `per_item` kv heads to an
+// item, each tile's keys cut into splits of `part` positions (flash-decoding) when the items alone are too few
+// to keep every core busy.
+std::vector<Item> plan(const int32_t* lens, const int32_t* cu, int64_t seqs, int64_t kv_heads, int64_t per_item,
+                       int64_t tile, int64_t& part, int64_t& splits) {
   int64_t tiles = 0, longest = 1;
   for (int64_t i = 0; i < seqs; ++i) {
     tiles += (cu[i + 1] - cu[i] + tile - 1) / tile;
     longest = std::max<int64_t>(longest, lens[i]);
   }
-  const int64_t want = 4 * at::get_num_threads();
+  const int64_t want = 4 * at::get_num_threads(), units = tiles * (kv_heads / per_item);
   if (part <= 0)       // auto: split only when there are fewer items than cores to feed, into >= 256 keys each
-    part = tiles * kv_heads >= want ? longest : std::max<int64_t>(256, (longest * tiles * kv_heads + want - 1) / want);
+    part = units >= want ? longest : std::max<int64_t>(256, (longest * units + want - 1) / want);
   part = (part + KC - 1) / KC * KC;
   splits = (longest + part - 1) / part;
   std::vector<Item> items;
@@ -255,15 +363,15 @@ std::vector<Item> plan(const int32_t* lens, const int32_t* cu, int64_t seqs, int
     for (int64_t q0 = cu[i]; q0 < cu[i + 1]; q0 += tile) {
       const int64_t nq = std::min<int64_t>(tile, cu[i + 1] - q0);
       const int64_t last = lens[i] - (cu[i + 1] - cu[i]) + (q0 - cu[i]) + nq;   // keys seen by the tile's last row
-      for (int64_t h = 0; h < kv_heads; ++h)
-        for (int64_t s = 0; s * part < last; ++s) items.push_back({i, q0, nq, h, s});
+      for (int64_t h = 0; h < kv_heads; h += per_item)
+        for (int64_t s = 0; s * part < last; ++s) items.push_back({i, q0, nq, h, h + per_item, s});
     }
   return items;
 }
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 29
+# notebooks/09_attention_kernels.ipynb, cell 35
 SOURCE += r"""
 // Merge each (token, head)'s partial softmax results, split by split: the exercise of chapter 04, in C++.
 // A split that saw no key has m = -inf, l = 0, acc = 0 and weighs nothing.
@@ -291,7 +399,7 @@ void merge_splits(const std::vector<float>& pm, const std::vector<float>& pl, co
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 31
+# notebooks/09_attention_kernels.ipynb, cell 37
 SOURCE += r"""
 // out (tokens, heads, d) from q (tokens, heads, d). With one split, items write their rows of out directly;
 // with several, each writes its (m, l, acc) and a second pass merges them, as two halves of a softmax merge.
@@ -301,20 +409,23 @@ void paged_attention(const T* q, const T* k, const T* v, const int32_t* tables, 
                      float scale, int64_t tile, int64_t part) {
   const int64_t group = heads / kv_heads, tokens = cu[seqs];
   int64_t splits;
-  const auto items = plan(lens, cu, seqs, kv_heads, tile, part, splits);
+  const int64_t per_item = tile == 1 ? kv_heads : 1;   // a decode item takes every kv head of its sequence
+  const auto items = plan(lens, cu, seqs, kv_heads, per_item, tile, part, splits);
   std::vector<float> pm, pl, pacc;           // partial results (tokens, heads, splits [, d])
   if (splits > 1) { pm.assign(tokens * heads * splits, NEG_INF); pl.resize(pm.size()); pacc.resize(pm.size() * d); }
   at::parallel_for(0, int64_t(items.size()), 1, [&](int64_t begin, int64_t end) {
-    Scratch w(tile * group, d);
+    std::vector<Scratch> ws(per_item, Scratch(tile * group, d));
     for (int64_t it = begin; it < end; ++it) {
       const Item& x = items[it];
       const int64_t R = x.nq * group, pos0 = lens[x.seq] - (cu[x.seq + 1] - cu[x.seq]) + (x.q0 - cu[x.seq]);
-      const Paged<T> pg{k, v, tables + x.seq * stride, bs, kv_heads * d, x.h, d};
-      start_tile(q, w, x, heads, group, d, scale);
+      const Paged<T> pg{k, v, tables + x.seq * stride, bs, kv_heads * d, d};
+      for (int64_t h = x.h0; h < x.h1; ++h) start_tile(q, ws[h - x.h0], x, h, heads, group, d, scale);
       const int64_t k0 = x.split * part, k1 = std::min(k0 + part, pos0 + x.nq);
-      attend_range(pg, w, x.nq, group, pos0, k0, k1);
+      attend_range(pg, ws.data(), x.h0, x.h1, x.nq, group, pos0, k0, k1);
+      for (int64_t h = x.h0; h < x.h1; ++h)
       for (int64_t r = 0; r < R; ++r) {
-        const int64_t row = (x.q0 + r / group) * heads + x.h * group + r % group;   // (token, head)
+        const Scratch& w = ws[h - x.h0];
+        const int64_t row = (x.q0 + r / group) * heads + h * group + r % group;   // (token, head)
         if (splits == 1) {
           for (int64_t i = 0; i < d; ++i) out[row * d + i] = T(w.acc[r * d + i] / w.l[r]);
         } else {
@@ -330,7 +441,7 @@ void paged_attention(const T* q, const T* k, const T* v, const int32_t* tables, 
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 33
+# notebooks/09_attention_kernels.ipynb, cell 39
 SOURCE += r"""
 // The entry points PyTorch calls: checks, then one template per dtype (float32, bfloat16, float16).
 torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
@@ -364,23 +475,16 @@ torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 35
+# notebooks/09_attention_kernels.ipynb, cell 41
 @functools.cache
 def extension():
-    """The compiled kernel, built once per machine (cached under ~/.cache/torch_extensions); None where no C++
-    compiler is at hand, and attention falls back to chapter 04's kernel and the gather."""
-    from torch.utils.cpp_extension import load_inline
-
-    try:
-        return load_inline("rosellm_edu_paged_attention_v2", cpp_sources=SOURCE, functions=["varlen_attention"],
-                           extra_cflags=["-O3", "-march=native", "-fopenmp-simd"])
-    except Exception as e:  # no compiler, no ninja, a failed build: all mean "use the PyTorch path"
-        warnings.warn(f"chapter 09's C++ attention kernel could not be built ({e}); attention falls back to "
-                      "chapter 04's kernel and the gather, which are slower")
-        return None
+    """The compiled kernel (chapter 04's build_cpp), or None where it cannot be built and attention falls back
+    to chapter 04's kernel and the gather."""
+    return build_cpp("rosellm_edu_paged_attention_v2", SOURCE, ["varlen_attention"],
+                     "attention falls back to chapter 04's kernel and the gather, which are slower")
 
 
-# notebooks/09_attention_kernels.ipynb, cell 36
+# notebooks/09_attention_kernels.ipynb, cell 42
 def paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, cu_query_lens, scale: float, *,
                                 tile: int = 32, partition: int = 0) -> torch.Tensor:
     """q (tokens, heads, d) packed: sequence i's new tokens are rows cu_query_lens[i] .. cu_query_lens[i+1]-1,
@@ -391,7 +495,7 @@ def paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, context_lens,
                                         cu_query_lens.contiguous(), scale, tile, partition)
 
 
-# notebooks/09_attention_kernels.ipynb, cell 36
+# notebooks/09_attention_kernels.ipynb, cell 42
 def paged_decode_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, scale: float, *,
                                partition: int = 0) -> torch.Tensor:
     """Chapter 04's decode contract, q (seqs, heads, d): one query per sequence, keys split when cores idle."""

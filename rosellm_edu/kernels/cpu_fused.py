@@ -3,13 +3,13 @@
 # (cells counted from 1 in their notebook, markdown cells included).
 
 import functools
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from rosellm_edu.kernels.build import build_cpp
 from rosellm_edu.layers.rotary import rotate_half
 
 
@@ -218,17 +218,11 @@ void rotary_inplace(torch::Tensor positions, torch::Tensor x, torch::Tensor cos,
 # notebooks/10_fewer_passes.ipynb, cell 24
 @functools.cache
 def extension():
-    """The compiled kernels, built once per machine (`make model` does it; torch caches the build under
-    ~/.cache/torch_extensions); None where no C++ compiler is at hand, and the model keeps PyTorch's ops."""
-    from torch.utils.cpp_extension import load_inline
-
-    try:   # -fno-trapping-math lets the compiler turn the clamps in exp_poly into vector selects
-        return load_inline("rosellm_edu_fused_pointwise", cpp_sources=SOURCE,
-                           functions=["fused_add_rms_norm", "silu_and_mul_out", "rotary_inplace"],
-                           extra_cflags=["-O3", "-march=native", "-fopenmp-simd", "-fno-trapping-math"])
-    except Exception as e:  # no compiler, no ninja, a failed build: all mean "use the PyTorch ops"
-        warnings.warn(f"the fused C++ kernels could not be built ({e}); the model uses PyTorch's ops instead")
-        return None
+    """The compiled kernels (`make model` builds them ahead), or None where they cannot be built and the model
+    keeps PyTorch's ops. -fno-trapping-math lets the compiler turn the clamps in exp_poly into vector selects."""
+    return build_cpp("rosellm_edu_fused_pointwise", SOURCE,
+                     ["fused_add_rms_norm", "silu_and_mul_out", "rotary_inplace"],
+                     "the model uses PyTorch's ops instead", extra_cflags=("-fno-trapping-math",))
 
 
 # notebooks/10_fewer_passes.ipynb, cell 25

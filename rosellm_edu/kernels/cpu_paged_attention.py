@@ -3,9 +3,10 @@
 # (cells counted from 1 in their notebook, markdown cells included).
 
 import functools
-import warnings
 
 import torch
+
+from rosellm_edu.kernels.build import build_cpp
 
 
 # notebooks/04_paged_attention.ipynb, cell 44
@@ -94,23 +95,15 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
 """
 
 
-# notebooks/04_paged_attention.ipynb, cell 49
+# notebooks/04_paged_attention.ipynb, cell 50
 @functools.cache
 def extension():
-    """The compiled kernel, built once per machine (torch caches it under ~/.cache/torch_extensions);
-    None where no C++ compiler is at hand, and the engine falls back to gathering the blocks."""
-    from torch.utils.cpp_extension import load_inline
-
-    try:
-        return load_inline("rosellm_edu_paged_decode", cpp_sources=SOURCE, functions=["paged_decode_attention"],
-                           extra_cflags=["-O3", "-march=native", "-fopenmp-simd"])
-    except Exception as e:  # no compiler, no ninja, a failed build: all mean "use the PyTorch path"
-        warnings.warn(f"the C++ paged-attention kernel could not be built ({e}); decode attention gathers "
-                      "K/V blocks with PyTorch instead, which is slower")
-        return None
+    """The compiled kernel, or None where it cannot be built and the engine gathers the blocks instead."""
+    return build_cpp("rosellm_edu_paged_decode", SOURCE, ["paged_decode_attention"],
+                     "decode attention gathers K/V blocks with PyTorch instead, which is slower")
 
 
-# notebooks/04_paged_attention.ipynb, cell 49
+# notebooks/04_paged_attention.ipynb, cell 50
 def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """The same contract as the Triton kernel: q (seqs, heads, d); k_cache, v_cache (blocks, block_size, kv_heads, d);
