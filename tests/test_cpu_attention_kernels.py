@@ -132,9 +132,9 @@ def test_engine_with_chunked_prefill_still_equals_transformers(hf_model):
         assert out.outputs[0].token_ids == hf_greedy(hf_model, out.prompt_token_ids, 6)
 
 
-@pytest.mark.parametrize("limit", [0, 2**40], ids=["kernel", "gather"])
-def test_cpu_prefill_gives_the_same_attention_on_either_side_of_the_size_limit(monkeypatch, limit):
+def test_without_the_cpu_kernel_prefill_falls_back_to_the_gather_and_agrees(monkeypatch):
     from rosellm_edu.layers import paged_attention
 
-    monkeypatch.setattr(paged_attention, "GATHER_SCORES_LIMIT", limit)
+    monkeypatch.setattr(paged_attention.cpu_attention, "extension", lambda: None)
+    assert paged_attention.prefill_kernel(torch.device("cpu")) is paged_attention.gathered_prefill_attention
     assert_attention_matches_causal(PagedAttention, [[3, 7, 1, 12], [0, 2, 13], [9, 4, 5, 6]], [5, 0, 9], [1, 7, 4])

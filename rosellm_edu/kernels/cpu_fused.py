@@ -265,7 +265,7 @@ TORCH_OPS = PointwiseOps(add_rms_norm_reference, silu_and_mul_reference, rotary_
 
 
 # notebooks/10_fewer_passes.ipynb, cell 34
-CPP_OPS = PointwiseOps(add_rms_norm_cpp, silu_and_mul_reference, rotary_cpp)   # PyTorch's SiLU x up: measured
+CPP_OPS = PointwiseOps(add_rms_norm_cpp, silu_and_mul_cpp, rotary_cpp)
 
 
 # notebooks/10_fewer_passes.ipynb, cell 34
