@@ -82,6 +82,26 @@ def assert_attention_matches_causal(attention_cls, tables: list[list[int]], cach
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
+def scattered_kv(lens: list[int], block_size: int, kv_heads: int, head_dim: int, g: torch.Generator,
+                 spare_blocks: int = 2, spare_columns: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """A float32 K/V pool for sequences of these lengths, each sequence's blocks at shuffled places and every slot no
+    sequence owns NaN, so a kernel that reads past a context poisons its output. Returns kv (2, blocks, block_size,
+    kv_heads, head_dim) and block tables (seqs, widest + spare_columns) int32 whose unused entries are block 0."""
+    blocks_per_seq = [-(-n // block_size) for n in lens]
+    num_blocks = sum(blocks_per_seq) + spare_blocks
+    order = torch.randperm(num_blocks, generator=g)
+    tables = torch.zeros(len(lens), max(blocks_per_seq) + spare_columns, dtype=torch.int32)
+    owned = torch.zeros(num_blocks * block_size, dtype=torch.bool)
+    start = 0
+    for i, (n, nb) in enumerate(zip(lens, blocks_per_seq)):
+        tables[i, :nb] = order[start:start + nb]
+        owned[(order[start:start + nb, None] * block_size + torch.arange(block_size)).flatten()[:n]] = True
+        start += nb
+    kv = torch.randn(2, num_blocks * block_size, kv_heads, head_dim, generator=g)
+    kv[:, ~owned] = float("nan")
+    return kv.unflatten(1, (num_blocks, block_size)), tables
+
+
 def top_p_clear_of_rounding(logits: torch.Tensor, params: list[SamplingParams], margin: float = 1e-5) -> bool:
     """Is every row's top_p at least `margin` away from each cumulative mass of its temperature + top-k
     distribution? Nearer than that, whether the token that crosses p is kept depends on float rounding, which

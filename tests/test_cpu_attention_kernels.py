@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from conftest import assert_attention_matches_causal, hf_greedy
+from conftest import assert_attention_matches_causal, hf_greedy, scattered_kv
 from rosellm_edu import LLM, SamplingParams
 from rosellm_edu.kernels import cpu_attention
 from rosellm_edu.layers.paged_attention import (PagedAttention, gathered_attention, gathered_decode_attention,
@@ -23,25 +23,15 @@ def paged_batch(computed, new, block_size, heads, kv_heads, head_dim, dtype, see
     hold NaN (a read past a context poisons the output). Returns the kernel's inputs and the float32 reference."""
     g = torch.Generator().manual_seed(seed)
     lens = [c + n for c, n in zip(computed, new)]
-    per_seq = [-(-n // block_size) for n in lens]
-    num_blocks = sum(per_seq) + 2
-    order = torch.randperm(num_blocks, generator=g).tolist()
-    tables = torch.zeros(len(lens), max(per_seq) + 1, dtype=torch.int32)    # one spare column, pointing at block 0
-    kv = torch.full((2, num_blocks, block_size, kv_heads, head_dim), float("nan"))
-    for i, (n, nb) in enumerate(zip(lens, per_seq)):
-        tables[i, :nb] = torch.tensor(order[:nb])
-        slots = kv[:, order[:nb]].flatten(1, 2)                               # (2, nb * block_size, kv_heads, d)
-        slots[:, :n] = torch.randn(2, n, kv_heads, head_dim, generator=g)
-        kv[:, order[:nb]] = slots.unflatten(1, (nb, block_size))
-        order = order[nb:]
+    kv, tables = scattered_kv(lens, block_size, kv_heads, head_dim, g)
     kv = kv.to(dtype)
+    clean = kv.float().nan_to_num(0.0)                  # the pool the kernel reads, without the NaN
     cu = torch.tensor([0] + new, dtype=torch.int32).cumsum(0, dtype=torch.int32)
     q = torch.randn(int(cu[-1]), heads, head_dim, generator=g).to(dtype)
     context = torch.tensor(lens, dtype=torch.int32)
     padded = torch.zeros(len(new), max(new), heads, head_dim)
     for i, n in enumerate(new):
         padded[i, :n] = q[cu[i]:cu[i + 1]].float()
-    clean = kv.float().nan_to_num(0.0)
     ref = gathered_attention(padded, clean[0], clean[1], tables, context, torch.tensor(new))
     ref = torch.cat([ref[i, :n] for i, n in enumerate(new)])
     return (q, kv[0], kv[1], tables, context, cu), ref

@@ -6,6 +6,7 @@ import importlib.util
 import pytest
 import torch
 
+from conftest import scattered_kv
 from rosellm_edu.kernels import cpu_paged_attention
 from rosellm_edu.layers.attention import grouped_attention
 
@@ -16,20 +17,9 @@ def random_paged_batch(num_seqs, num_heads, num_kv_heads, dtype, device, g):
     # One token, an exact block multiple and a partly filled last block, then random lengths.
     lens = [1, 3 * BLOCK_SIZE, 2 * BLOCK_SIZE + 5] + torch.randint(1, 100, (num_seqs,), generator=g).tolist()
     lens = lens[:num_seqs]
-    blocks_per_seq = [-(-n // BLOCK_SIZE) for n in lens]
-    num_blocks = sum(blocks_per_seq) + 3
-    order = torch.randperm(num_blocks, generator=g)        # shuffled: a sequence's blocks lie scattered in the pool
-    block_tables = torch.zeros(num_seqs, max(blocks_per_seq), dtype=torch.int32)  # unused entries point at block 0
-    owned = torch.zeros(num_blocks * BLOCK_SIZE, dtype=torch.bool)
-    start = 0
-    for i, (n, nb) in enumerate(zip(lens, blocks_per_seq)):
-        block_tables[i, :nb] = order[start:start + nb]
-        owned[(order[start:start + nb, None] * BLOCK_SIZE + torch.arange(BLOCK_SIZE)).flatten()[:n]] = True
-        start += nb
+    kv, block_tables = scattered_kv(lens, BLOCK_SIZE, num_kv_heads, HEAD_DIM, g, spare_blocks=3, spare_columns=0)
     q = torch.randn(num_seqs, num_heads, HEAD_DIM, generator=g)
-    kv = torch.randn(2, num_blocks * BLOCK_SIZE, num_kv_heads, HEAD_DIM, generator=g)
-    kv[:, ~owned] = float("nan")                           # a slot no sequence owns poisons any read that reaches it
-    k_cache, v_cache = kv.unflatten(1, (num_blocks, BLOCK_SIZE))
+    k_cache, v_cache = kv
     context_lens = torch.tensor(lens, dtype=torch.int32)
     return [t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
             for t in (q, k_cache, v_cache, block_tables, context_lens)]

@@ -6,6 +6,7 @@ import importlib.util
 import pytest
 import torch
 
+from conftest import scattered_kv
 from rosellm_edu.layers.paged_attention import gathered_attention
 
 if importlib.util.find_spec("triton") is None:
@@ -29,20 +30,10 @@ def paged_batch(computed, new, block_size, heads, kv_heads, dtype, seed):
     reads past a context fails) and a clean float32 copy of the pool for the reference."""
     g = torch.Generator().manual_seed(seed)
     lens = [c + n for c, n in zip(computed, new)]
-    blocks_per_seq = [-(-n // block_size) for n in lens]
-    num_blocks = sum(blocks_per_seq) + 2
-    order = torch.randperm(num_blocks, generator=g)
-    tables = torch.zeros(len(lens), max(blocks_per_seq) + 1, dtype=torch.int32)   # padded with block 0
-    owned = torch.zeros(num_blocks * block_size, dtype=torch.bool)
-    start = 0
-    for i, (n, nb) in enumerate(zip(lens, blocks_per_seq)):
-        tables[i, :nb] = order[start:start + nb]
-        owned[(order[start:start + nb, None] * block_size + torch.arange(block_size)).flatten()[:n]] = True
-        start += nb
-    kv = torch.randn(2, num_blocks * block_size, kv_heads, HEAD_DIM, generator=g).to(dtype)
-    clean = kv.float().clone().unflatten(1, (num_blocks, block_size))   # float() of float32 is no copy
-    kv[:, ~owned] = float("nan")
-    k_cache, v_cache = kv.unflatten(1, (num_blocks, block_size))
+    kv, tables = scattered_kv(lens, block_size, kv_heads, HEAD_DIM, g)
+    kv = kv.to(dtype)
+    clean = kv.float().nan_to_num(0.0)                  # the pool the kernels read, without the NaN
+    k_cache, v_cache = kv
     q = torch.randn(sum(new), heads, HEAD_DIM, generator=g).to(dtype)
     cu = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32)
     to = lambda t: t.to(DEVICE)  # noqa: E731
