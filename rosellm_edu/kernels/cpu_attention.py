@@ -128,25 +128,37 @@ void dot_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 
 # notebooks/09_attention_kernels.ipynb, cell 20
 SOURCE += r"""
-// 16 elements of a row as one register of floats. bfloat16 is the upper half of a float32: widening is a shift.
-template <typename T>
-inline v16 load16(const T* p) {
-  v16 x;
-  for (int j = 0; j < 16; ++j) x[j] = float(p[j]);
-  return x;
+inline void deinterleave(v16 a, v16 b, v16& even, v16& odd) {      // 32 floats -> the even ones, the odd ones
+  even = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  odd = __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
-template <>
-inline v16 load16<float>(const float* p) { return *reinterpret_cast<const v16*>(p); }
-template <>
-inline v16 load16<c10::BFloat16>(const c10::BFloat16* p) {
-  typedef uint16_t u16x16 __attribute__((vector_size(32), aligned(2)));
-  typedef uint32_t u32x16 __attribute__((vector_size(64)));
-  const u32x16 bits = __builtin_convertvector(*reinterpret_cast<const u16x16*>(p), u32x16) << 16;
-  v16 x;
-  std::memcpy(&x, &bits, sizeof x);
-  return x;
+inline void interleave(v16 even, v16 odd, v16& a, v16& b) {        // the inverse
+  a = __builtin_shufflevector(even, odd, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  b = __builtin_shufflevector(even, odd, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
 }
 
+// 32 elements of a row as floats: the even-indexed ones, and the odd ones.
+template <typename T>
+inline void load32(const T* p, v16& even, v16& odd) {
+  for (int j = 0; j < 16; ++j) even[j] = float(p[2 * j]), odd[j] = float(p[2 * j + 1]);
+}
+template <>
+inline void load32<float>(const float* p, v16& even, v16& odd) {
+  deinterleave(reinterpret_cast<const v16*>(p)[0], reinterpret_cast<const v16*>(p)[1], even, odd);
+}
+template <>
+inline void load32<c10::BFloat16>(const c10::BFloat16* p, v16& even, v16& odd) {
+  typedef uint32_t u32x16 __attribute__((vector_size(64), aligned(2)));
+  const u32x16 pairs = *reinterpret_cast<const u32x16*>(p);        // element 2j in the low half of pair j
+  const u32x16 e = pairs << 16, o = pairs & 0xFFFF0000u;
+  std::memcpy(&even, &e, sizeof even);
+  std::memcpy(&odd, &o, sizeof odd);
+}
+"""
+
+
+# notebooks/09_attention_kernels.ipynb, cell 22
+SOURCE += r"""
 // x[t] holds 16 partial sums of score t; returns the 16 scores. Each level adds the lane halves of two
 // registers into one (16 -> 8 -> 4 -> 2 -> 1), and a last shuffle puts the scores in key order.
 inline v16 sum16(v16* x) {
@@ -166,26 +178,30 @@ inline v16 sum16(v16* x) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 22
+# notebooks/09_attention_kernels.ipynb, cell 24
 SOURCE += r"""
-// Scores s (R, n) of one chunk for a decode's few rows, head_dim = 16 * NV: a (row, key) pair leaves 16 partial
-// sums in part, and sum16 adds them up, 16 keys at a time. Keys past n count as zeros.
+// Scores s (R, n) of one chunk for a decode's few rows (R < 8), head_dim = 16 * NV: a (row, key) pair leaves 16
+// partial sums in part, and sum16 adds them up, 16 keys at a time. Keys past n count as zeros.
 template <typename T, int NV>
 void decode_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
-  v16* part = reinterpret_cast<v16*>(w.kt.data());          // (R, 16) registers of partial sums
+  v16 q[8][NV];                                          // the rows, each 32 elements split as load32 splits keys
+  for (int64_t r = 0; r < R; ++r) {
+    const v16* qr = reinterpret_cast<const v16*>(w.q.data() + r * 16 * NV);
+    for (int c = 0; c < NV; c += 2) deinterleave(qr[c], qr[c + 1], q[r][c], q[r][c + 1]);
+  }
+  v16* part = reinterpret_cast<v16*>(w.kt.data());      // (R, 16) registers of partial sums
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
     for (int64_t t = t0; t < t0 + 16; ++t) {
       if (t >= n) { for (int64_t r = 0; r < R; ++r) part[r * 16 + t - t0] = v16{}; continue; }
-      for (int64_t b = 0; b < 16 * NV * int64_t(sizeof(T)); b += 64) {     // every 64-byte line of the rows
+      for (int64_t b = 0; b < 16 * NV * int64_t(sizeof(T)); b += 64) {   // every 64-byte line of the rows
         if (t + 8 < n) __builtin_prefetch(reinterpret_cast<const char*>(pg.k + w.off[t + 8]) + b);
         __builtin_prefetch(reinterpret_cast<const char*>(pg.v + w.off[t]) + b);
       }
       v16 key[NV];
-      for (int c = 0; c < NV; ++c) key[c] = load16(pg.k + w.off[t] + 16 * c);
+      for (int c = 0; c < NV; c += 2) load32(pg.k + w.off[t] + 16 * c, key[c], key[c + 1]);
       for (int64_t r = 0; r < R; ++r) {
-        const v16* qr = reinterpret_cast<const v16*>(w.q.data() + r * 16 * NV);
-        v16 a = qr[0] * key[0];
-        for (int c = 1; c < NV; ++c) a += qr[c] * key[c];
+        v16 a = q[r][0] * key[0];
+        for (int c = 1; c < NV; ++c) a += q[r][c] * key[c];
         part[r * 16 + t - t0] = a;
       }
     }
@@ -195,7 +211,7 @@ void decode_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 24
+# notebooks/09_attention_kernels.ipynb, cell 26
 SOURCE += r"""
 // Any other head_dim takes dot_scores. For many rows (a prefill tile): transpose the chunk's keys once, then every row is an axpy over keys.
 template <typename T>
@@ -221,26 +237,31 @@ void chunk_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 27
+# notebooks/09_attention_kernels.ipynb, cell 29
 SOURCE += r"""
 // acc (R, d) += p (R, n) @ V (n, d) for a decode's few rows, head_dim = 16 * NV: a row's accumulator stays in
-// NV registers while t runs over the chunk's values (decode_scores has already asked memory for them).
+// NV registers, split as load32 splits values, while t runs over the chunk (decode_scores has fetched V's rows).
 template <typename T, int NV>
 void decode_values(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
   for (int64_t r = 0; r < R; ++r) {
     v16* ar = reinterpret_cast<v16*>(w.acc.data() + r * 16 * NV);
     const float* pr = w.s.data() + r * KC;
     v16 a[NV];
-    for (int c = 0; c < NV; ++c) a[c] = ar[c];
+    for (int c = 0; c < NV; c += 2) deinterleave(ar[c], ar[c + 1], a[c], a[c + 1]);
     for (int64_t t = 0; t < n; ++t)
-      for (int c = 0; c < NV; ++c) a[c] += pr[t] * load16(pg.v + w.off[t] + 16 * c);
-    for (int c = 0; c < NV; ++c) ar[c] = a[c];
+      for (int c = 0; c < NV; c += 2) {
+        v16 even, odd;
+        load32(pg.v + w.off[t] + 16 * c, even, odd);
+        a[c] += pr[t] * even;
+        a[c + 1] += pr[t] * odd;
+      }
+    for (int c = 0; c < NV; c += 2) interleave(a[c], a[c + 1], ar[c], ar[c + 1]);
   }
 }
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 28
+# notebooks/09_attention_kernels.ipynb, cell 30
 SOURCE += r"""
 // acc (R, d) += p (R, n) @ V (n, d), p in the score buffer: 4 rows x 16 dims of acc stay in registers while t
 // runs over the chunk's keys (a head_dim that is no multiple of 16 takes the plain loop).
@@ -275,7 +296,7 @@ void add_values(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 30
+# notebooks/09_attention_kernels.ipynb, cell 32
 SOURCE += r"""
 // The online softmax over one chunk: the scores s (R, n) become weights, and (m, l, acc) are rescaled to the new
 // maximum. Row r = j * group + g sits at position pos0 + j and sees the keys <= its position (causal).
@@ -320,7 +341,7 @@ void attend_range(const Paged<T>& pg, Scratch* ws, int64_t h0, int64_t h1, int64
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 32
+# notebooks/09_attention_kernels.ipynb, cell 34
 SOURCE += r"""
 // One work item: a tile of one sequence's queries, kv heads h0 .. h1-1, one split of the keys it sees.
 struct Item { int64_t seq, q0, nq, h0, h1, split; };
@@ -341,7 +362,7 @@ void start_tile(const T* q, Scratch& w, const Item& x, int64_t h, int64_t heads,
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 33
+# notebooks/09_attention_kernels.ipynb, cell 35
 SOURCE += r"""
 // The work of a batch: sequence i's query rows cu[i] .. cu[i+1]-1 in tiles of `tile`, `per_item` kv heads to an
 // item, each tile's keys cut into splits of `part` positions (flash-decoding) when the items alone are too few
@@ -371,7 +392,7 @@ std::vector<Item> plan(const int32_t* lens, const int32_t* cu, int64_t seqs, int
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 35
+# notebooks/09_attention_kernels.ipynb, cell 37
 SOURCE += r"""
 // Merge each (token, head)'s partial softmax results, split by split: the exercise of chapter 04, in C++.
 // A split that saw no key has m = -inf, l = 0, acc = 0 and weighs nothing.
@@ -399,7 +420,7 @@ void merge_splits(const std::vector<float>& pm, const std::vector<float>& pl, co
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 37
+# notebooks/09_attention_kernels.ipynb, cell 39
 SOURCE += r"""
 // out (tokens, heads, d) from q (tokens, heads, d). With one split, items write their rows of out directly;
 // with several, each writes its (m, l, acc) and a second pass merges them, as two halves of a softmax merge.
@@ -441,7 +462,7 @@ void paged_attention(const T* q, const T* k, const T* v, const int32_t* tables, 
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 39
+# notebooks/09_attention_kernels.ipynb, cell 41
 SOURCE += r"""
 // The entry points PyTorch calls: checks, then one template per dtype (float32, bfloat16, float16).
 torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
@@ -475,7 +496,7 @@ torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 41
+# notebooks/09_attention_kernels.ipynb, cell 43
 @functools.cache
 def extension():
     """The compiled kernel (chapter 04's build_cpp), or None where it cannot be built and attention falls back
@@ -484,7 +505,7 @@ def extension():
                      "attention falls back to chapter 04's kernel and the gather, which are slower")
 
 
-# notebooks/09_attention_kernels.ipynb, cell 42
+# notebooks/09_attention_kernels.ipynb, cell 44
 def paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, cu_query_lens, scale: float, *,
                                 tile: int = 32, partition: int = 0) -> torch.Tensor:
     """q (tokens, heads, d) packed: sequence i's new tokens are rows cu_query_lens[i] .. cu_query_lens[i+1]-1,
@@ -495,7 +516,7 @@ def paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, context_lens,
                                         cu_query_lens.contiguous(), scale, tile, partition)
 
 
-# notebooks/09_attention_kernels.ipynb, cell 42
+# notebooks/09_attention_kernels.ipynb, cell 44
 def paged_decode_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, scale: float, *,
                                partition: int = 0) -> torch.Tensor:
     """Chapter 04's decode contract, q (seqs, heads, d): one query per sequence, keys split when cores idle."""
