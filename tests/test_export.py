@@ -84,6 +84,16 @@ def test_a_later_chapter_replaces_a_definition_where_it_stood(tmp_path):
     assert line_above(text, "def g():") == "# notebooks/a.ipynb, cell 2"
 
 
+def test_a_chapter_may_redefine_what_it_defined_itself_after_adding_more(tmp_path):
+    root = make_book(tmp_path, {"a.ipynb": ["#| export toy\nX = 1", "#| export toy\ndef f():\n    return 1",
+                                            "#| export toy\ndef g():\n    return 2",
+                                            "#| export toy\ndef f():\n    return g() + 1"]})
+    text = module_text(root)
+    assert top_level(text) == ["X = 1", "f", "g"]
+    assert run(text)["f"]() == 3
+    assert line_above(text, "def f():") == "# notebooks/a.ipynb, cell 5"
+
+
 def test_a_method_added_to_a_class_is_folded_into_the_class_body_with_its_other_decorators(tmp_path):
     method = ADD + "@add_to_class(Toy)\n@property\ndef doubled(self):\n    # why: a comment travels with it\n" \
                    "    return 2 * self.n"

@@ -6,8 +6,8 @@ import torch
 
 from rosellm_edu.kernels import cpu_fused
 from rosellm_edu.kernels.cpu_fused import (CPP_OPS, TORCH_OPS, add_rms_norm_cpp, add_rms_norm_reference,
-                                           pointwise_ops, rotary_cpp, rotary_reference, silu_and_mul_cpp,
-                                           silu_and_mul_reference)
+                                           few_rows_linear_cpp, linear_cpp, pointwise_ops, rotary_cpp,
+                                           rotary_reference, silu_and_mul_cpp, silu_and_mul_reference, torch_linear)
 
 pytestmark = pytest.mark.skipif(cpu_fused.extension() is None, reason="no C++ compiler: the kernels were not built")
 
@@ -72,6 +72,34 @@ def test_rotary_rotates_strided_q_and_k_in_place_and_leaves_v_alone(dtype, token
     assert torch.equal(qkv[:, (heads + kv_heads) * d:], v_before)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("in_features, out_features", [(32, 16), (576, 960), (1536, 576), (96, 4096)])
+def test_few_rows_linear_matches_a_float32_matmul_of_the_same_numbers(dtype, rows, in_features, out_features):
+    g = torch.Generator().manual_seed(rows * in_features + out_features)
+    layer = torch.nn.Linear(in_features, out_features, bias=False)
+    layer.weight.data = torch.randn(out_features, in_features, generator=g).to(dtype)
+    x = torch.randn(rows, in_features, generator=g).to(dtype)
+    expected = x.float() @ layer.weight.float().T                    # the exact sums, rounded once below
+    got = few_rows_linear_cpp(x, layer)
+    assert got.dtype == dtype and got.shape == (rows, out_features)
+    torch.testing.assert_close(got.float(), expected.to(dtype).float(), atol=1e-4 * in_features ** 0.5,
+                               rtol=TOL[dtype]["rtol"])
+
+
+def test_linear_cpp_takes_the_kernel_only_where_it_applies():
+    g = torch.Generator().manual_seed(0)
+    plain = torch.nn.Linear(64, 48, bias=False).to(torch.bfloat16)
+    biased = torch.nn.Linear(64, 48).to(torch.bfloat16)
+    odd = torch.nn.Linear(40, 48, bias=False).to(torch.bfloat16)      # in_features not a multiple of 32
+    with torch.no_grad():
+        for layer, rows in [(plain, 4), (plain, 5), (biased, 1), (odd, 1)]:
+            x = torch.randn(rows, layer.in_features, generator=g).to(torch.bfloat16)
+            torch.testing.assert_close(linear_cpp(x, layer), torch_linear(x, layer), atol=3e-2, rtol=1.6e-2)
+        x = torch.randn(2, 64, generator=g)
+        assert torch.equal(linear_cpp(x, plain.float()), torch_linear(x, plain.float()))   # float32: PyTorch's
+
+
 def test_kernels_refuse_bad_input_with_a_message_that_names_it():
     ext = cpu_fused.extension()
     x, w = torch.randn(4, 8), torch.ones(8)
@@ -86,6 +114,12 @@ def test_kernels_refuse_bad_input_with_a_message_that_names_it():
     cos, sin = rope_tables(10, 8, torch.float32)
     with pytest.raises(RuntimeError, match="position 10"):
         ext.rotary_inplace(torch.tensor([0, 10]), torch.randn(2, 1, 8), cos, sin)
+    with pytest.raises(RuntimeError, match="at most 4 rows"):
+        ext.linear_few_rows(torch.randn(5, 32), torch.randn(16, 32))
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        ext.linear_few_rows(torch.randn(1, 40), torch.randn(16, 40))
+    with pytest.raises(RuntimeError, match="columns"):
+        ext.linear_few_rows(torch.randn(1, 32), torch.randn(16, 64))
 
 
 def test_pointwise_ops_choice():

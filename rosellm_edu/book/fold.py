@@ -77,7 +77,8 @@ def fold(cells: list[Cell]) -> dict[str, str]:
             added, item = add(module, cell, node, text)
             if added:
                 fresh.append(item)
-            elif item is not None and fresh:   # a chapter's new helpers go before what it redefines with them
+            # a chapter's new helpers go before what it redefines with them (unless the chapter itself defined it)
+            elif item is not None and fresh and item not in fresh:
                 for new in fresh:
                     module.items.remove(new)
                 at = module.items.index(item)

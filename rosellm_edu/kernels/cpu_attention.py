@@ -74,9 +74,6 @@ struct Paged {
   }
 };
 
-// 16 floats that the compiler keeps in one AVX-512 register (two AVX2 ones); loads need no alignment.
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
-
 // Per-thread scratch: a tile of R query rows (nq positions x group heads) and one chunk of keys.
 struct Scratch {
   std::vector<float> q, acc, m, l, s, kt, kv;
@@ -127,7 +124,12 @@ void dot_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 
 
 # notebooks/09_attention_kernels.ipynb, cell 20
-SOURCE += r"""
+VECTORS = r"""
+#include <cstring>
+
+// 16 floats that the compiler keeps in one AVX-512 register (two AVX2 ones); loads need no alignment.
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+
 inline void deinterleave(v16 a, v16 b, v16& even, v16& odd) {      // 32 floats -> the even ones, the odd ones
   even = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   odd = __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
@@ -158,7 +160,7 @@ inline void load32<c10::BFloat16>(const c10::BFloat16* p, v16& even, v16& odd) {
 
 
 # notebooks/09_attention_kernels.ipynb, cell 22
-SOURCE += r"""
+VECTORS += r"""
 // x[t] holds 16 partial sums of score t; returns the 16 scores. Each level adds the lane halves of two
 // registers into one (16 -> 8 -> 4 -> 2 -> 1), and a last shuffle puts the scores in key order.
 inline v16 sum16(v16* x) {
@@ -176,6 +178,10 @@ inline v16 sum16(v16* x) {
   return __builtin_shufflevector(y, y, 0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15);
 }
 """
+
+
+# notebooks/09_attention_kernels.ipynb, cell 22
+SOURCE += VECTORS   # chapter 10's kernels use these too
 
 
 # notebooks/09_attention_kernels.ipynb, cell 24

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from rosellm_edu.kernels.build import build_cpp
+from rosellm_edu.kernels.cpu_attention import VECTORS
 from rosellm_edu.layers.rotary import rotate_half
 
 
@@ -215,13 +217,13 @@ void rotary_inplace(torch::Tensor positions, torch::Tensor x, torch::Tensor cos,
 """
 
 
-# notebooks/10_fewer_passes.ipynb, cell 24
+# notebooks/10_fewer_passes.ipynb, cell 38
 @functools.cache
 def extension():
     """The compiled kernels (`make model` builds them ahead), or None where they cannot be built and the model
     keeps PyTorch's ops. -fno-trapping-math lets the compiler turn the clamps in exp_poly into vector selects."""
     return build_cpp("rosellm_edu_fused_pointwise", SOURCE,
-                     ["fused_add_rms_norm", "silu_and_mul_out", "rotary_inplace"],
+                     ["fused_add_rms_norm", "silu_and_mul_out", "rotary_inplace", "linear_few_rows"],
                      "the model uses PyTorch's ops instead", extra_cflags=("-fno-trapping-math",))
 
 
@@ -252,31 +254,122 @@ def rotary_cpp(positions, q, k, cos, sin):
 
 
 # notebooks/10_fewer_passes.ipynb, cell 34
+def torch_linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """PyTorch's matmul, as every Linear of the model calls it: x (rows, in_features) -> (rows, out_features)."""
+    return F.linear(x, layer.weight, layer.bias)
+
+
+# notebooks/10_fewer_passes.ipynb, cell 37
+SOURCE += VECTORS
+
+
+# notebooks/10_fewer_passes.ipynb, cell 37
+SOURCE += r"""
+// y (M, N) = x (M, K) @ W (N, K)^T for M <= 4 rows, W read once and in order. K % 32 == 0, N % 16 == 0.
+template <typename T>
+void few_rows_linear(const T* x, const T* w, T* y, int64_t M, int64_t N, int64_t K) {
+  std::vector<float> xs(M * K);                                 // x, split as load32 splits W's rows
+  for (int64_t i = 0; i < M * K; i += 32) {
+    v16 even, odd;
+    load32(x + i, even, odd);
+    std::memcpy(xs.data() + i, &even, sizeof even);
+    std::memcpy(xs.data() + i + 16, &odd, sizeof odd);
+  }
+  at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
+    v16 part[4][16];                                             // (row of x, output column) partial sums
+    for (int64_t b = begin; b < end; ++b) {
+      for (int64_t t = 0; t < 16; ++t) {
+        const T* row = w + (b * 16 + t) * K;
+        v16 acc[4] = {};
+        for (int64_t c = 0; c < K; c += 32) {
+          __builtin_prefetch(reinterpret_cast<const char*>(row + 16 * K + c));   // the row 16 places ahead
+          v16 even, odd;
+          load32(row + c, even, odd);
+          for (int64_t m = 0; m < M; ++m) {
+            const v16* xm = reinterpret_cast<const v16*>(xs.data() + m * K + c);
+            acc[m] += xm[0] * even + xm[1] * odd;
+          }
+        }
+        for (int64_t m = 0; m < M; ++m) part[m][t] = acc[m];
+      }
+      for (int64_t m = 0; m < M; ++m) {
+        const v16 s = sum16(part[m]);
+        for (int j = 0; j < 16; ++j) store(y, m * N + b * 16 + j, s[j]);
+      }
+    }
+  });
+}
+"""
+
+
+# notebooks/10_fewer_passes.ipynb, cell 38
+SOURCE += r"""
+torch::Tensor linear_few_rows(torch::Tensor x, torch::Tensor weight) {
+  check_rows(x, "x");
+  check_rows(weight, "weight");
+  TORCH_CHECK(x.size(0) <= 4, "x may have at most 4 rows, got ", x.size(0));
+  TORCH_CHECK(weight.size(1) == x.size(1), "x has ", x.size(1), " columns but weight ", weight.size(1));
+  TORCH_CHECK(x.size(1) % 32 == 0 && weight.size(0) % 16 == 0,
+              "in_features must be a multiple of 32 and out_features of 16, got ", weight.sizes());
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "x and weight must share a dtype");
+  auto y = torch::empty({x.size(0), weight.size(0)}, x.options());
+  DISPATCH(x.scalar_type(), "linear_few_rows", [&] {
+    few_rows_linear<scalar_t>(x.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
+                              x.size(0), weight.size(0), x.size(1));
+  });
+  return y;
+}
+"""
+
+
+# notebooks/10_fewer_passes.ipynb, cell 38
+def few_rows_linear_cpp(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """F.linear(x, layer.weight, layer.bias) for x (rows, in_features), by the kernel (no bias, K % 32 == 0,
+    N % 16 == 0, at most 4 rows)."""
+    return extension().linear_few_rows(x.contiguous(), layer.weight)
+
+
+# notebooks/10_fewer_passes.ipynb, cell 43
 @dataclass(frozen=True)
 class PointwiseOps:
-    """The steps between a Llama layer's matmuls, by one implementation."""
+    """The steps between a Llama layer's matmuls, and the matmuls themselves, by one implementation."""
     add_rms_norm: Callable   # (x, residual | None, weight, eps) -> (normed, new residual)
     silu_and_mul: Callable   # (gate_up (tokens, 2 * inter)) -> (tokens, inter)
     rotary: Callable         # (positions, q, k, cos, sin) -> (q, k)
+    linear: Callable         # (x (tokens, in_features), nn.Linear) -> (tokens, out_features)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 34
-TORCH_OPS = PointwiseOps(add_rms_norm_reference, silu_and_mul_reference, rotary_reference)
+# notebooks/10_fewer_passes.ipynb, cell 43
+FEW_ROWS = 4                 # up to this many rows, a bfloat16 matmul goes to the kernel (the lines above)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 34
-CPP_OPS = PointwiseOps(add_rms_norm_cpp, silu_and_mul_cpp, rotary_cpp)
+# notebooks/10_fewer_passes.ipynb, cell 43
+def linear_cpp(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """The few-rows kernel where this chapter measured it ahead (bfloat16, <= FEW_ROWS rows), else F.linear."""
+    if (x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] <= FEW_ROWS and layer.bias is None
+            and layer.in_features % 32 == 0 and layer.out_features % 16 == 0):
+        return few_rows_linear_cpp(x, layer)
+    return torch_linear(x, layer)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 34
+# notebooks/10_fewer_passes.ipynb, cell 43
+TORCH_OPS = PointwiseOps(add_rms_norm_reference, silu_and_mul_reference, rotary_reference, torch_linear)
+
+
+# notebooks/10_fewer_passes.ipynb, cell 43
+CPP_OPS = PointwiseOps(add_rms_norm_cpp, silu_and_mul_cpp, rotary_cpp, linear_cpp)
+
+
+# notebooks/10_fewer_passes.ipynb, cell 43
 @functools.cache
 def compiled_ops() -> PointwiseOps:
     """PyTorch's ops through torch.compile, one graph for every token count (compiled at the first call)."""
     compile_ = functools.partial(torch.compile, dynamic=True)
-    return PointwiseOps(compile_(add_rms_norm_reference), compile_(silu_and_mul_reference), compile_(rotary_reference))
+    return PointwiseOps(compile_(add_rms_norm_reference), compile_(silu_and_mul_reference), compile_(rotary_reference),
+                        torch_linear)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 34
+# notebooks/10_fewer_passes.ipynb, cell 43
 def pointwise_ops(device: torch.device, fusion: str = "auto") -> PointwiseOps:
     """fusion: "auto" (the C++ kernels on a CPU where they built, else PyTorch's ops), "cpp", "torch", "compile"."""
     if fusion == "torch":
