@@ -177,7 +177,8 @@ def test_chat_logprobs_have_openais_shape_and_the_engines_values(client, offline
     r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0, logprobs=True,
                                        top_logprobs=3)
     content = r.choices[0].logprobs.content
-    assert [c.logprob for c in content] == pytest.approx([d[t].logprob for t, d in zip(ref.token_ids, ref.logprobs)])
+    assert [c.logprob for c in content] == pytest.approx([d[t].logprob for t, d in zip(ref.token_ids, ref.logprobs)],
+                                                         abs=1e-4)   # a prefix-cache hit computes apart
     for c, token, d in zip(content, ref.token_ids, ref.logprobs):
         assert c.bytes == list(c.token.encode()) and c.token == d[token].decoded_token
         assert [t.logprob for t in c.top_logprobs] == sorted((e.logprob for e in d.values() if e.rank <= 3),

@@ -326,7 +326,11 @@ inline void fold_chunk(Scratch& w, int64_t R, int64_t n, int64_t d, int64_t grou
     w.m[r] = mx;
   }
 }
+"""
 
+
+# notebooks/09_attention_kernels.ipynb, cell 33
+SOURCE += r"""
 // Fold keys [k0, k1) into the running softmax of kv heads h0 .. h1-1 (ws[i] holds head h0 + i). The heads take
 // turns on each chunk, so a slot's K/V rows, contiguous across heads, are read from memory together.
 template <typename T>
@@ -347,7 +351,7 @@ void attend_range(const Paged<T>& pg, Scratch* ws, int64_t h0, int64_t h1, int64
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 34
+# notebooks/09_attention_kernels.ipynb, cell 35
 SOURCE += r"""
 // One work item: a tile of one sequence's queries, kv heads h0 .. h1-1, one split of the keys it sees.
 struct Item { int64_t seq, q0, nq, h0, h1, split; };
@@ -368,7 +372,7 @@ void start_tile(const T* q, Scratch& w, const Item& x, int64_t h, int64_t heads,
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 35
+# notebooks/09_attention_kernels.ipynb, cell 36
 SOURCE += r"""
 // The work of a batch: sequence i's query rows cu[i] .. cu[i+1]-1 in tiles of `tile`, `per_item` kv heads to an
 // item, each tile's keys cut into splits of `part` positions (flash-decoding) when the items alone are too few
@@ -398,7 +402,7 @@ std::vector<Item> plan(const int32_t* lens, const int32_t* cu, int64_t seqs, int
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 37
+# notebooks/09_attention_kernels.ipynb, cell 38
 SOURCE += r"""
 // Merge each (token, head)'s partial softmax results, split by split: the exercise of chapter 04, in C++.
 // A split that saw no key has m = -inf, l = 0, acc = 0 and weighs nothing.
@@ -426,7 +430,7 @@ void merge_splits(const std::vector<float>& pm, const std::vector<float>& pl, co
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 39
+# notebooks/09_attention_kernels.ipynb, cell 40
 SOURCE += r"""
 // out (tokens, heads, d) from q (tokens, heads, d). With one split, items write their rows of out directly;
 // with several, each writes its (m, l, acc) and a second pass merges them, as two halves of a softmax merge.
@@ -468,7 +472,7 @@ void paged_attention(const T* q, const T* k, const T* v, const int32_t* tables, 
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 41
+# notebooks/09_attention_kernels.ipynb, cell 42
 SOURCE += r"""
 // The entry points PyTorch calls: checks, then one template per dtype (float32, bfloat16, float16).
 torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
@@ -502,7 +506,7 @@ torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 43
+# notebooks/09_attention_kernels.ipynb, cell 44
 @functools.cache
 def extension():
     """The compiled kernel (chapter 04's build_cpp), or None where it cannot be built and attention falls back
@@ -511,7 +515,7 @@ def extension():
                      "attention falls back to chapter 04's kernel and the gather, which are slower")
 
 
-# notebooks/09_attention_kernels.ipynb, cell 44
+# notebooks/09_attention_kernels.ipynb, cell 45
 def paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, cu_query_lens, scale: float, *,
                                 tile: int = 32, partition: int = 0) -> torch.Tensor:
     """q (tokens, heads, d) packed: sequence i's new tokens are rows cu_query_lens[i] .. cu_query_lens[i+1]-1,
@@ -522,7 +526,7 @@ def paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, context_lens,
                                         cu_query_lens.contiguous(), scale, tile, partition)
 
 
-# notebooks/09_attention_kernels.ipynb, cell 44
+# notebooks/09_attention_kernels.ipynb, cell 45
 def paged_decode_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, scale: float, *,
                                partition: int = 0) -> torch.Tensor:
     """Chapter 04's decode contract, q (seqs, heads, d): one query per sequence, keys split when cores idle."""

@@ -330,16 +330,6 @@ def few_rows_linear_cpp(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
 
 
 # notebooks/10_fewer_passes.ipynb, cell 43
-@dataclass(frozen=True)
-class PointwiseOps:
-    """The steps between a Llama layer's matmuls, and the matmuls themselves, by one implementation."""
-    add_rms_norm: Callable   # (x, residual | None, weight, eps) -> (normed, new residual)
-    silu_and_mul: Callable   # (gate_up (tokens, 2 * inter)) -> (tokens, inter)
-    rotary: Callable         # (positions, q, k, cos, sin) -> (q, k)
-    linear: Callable         # (x (tokens, in_features), nn.Linear) -> (tokens, out_features)
-
-
-# notebooks/10_fewer_passes.ipynb, cell 43
 FEW_ROWS = 4                 # up to this many rows, a bfloat16 matmul goes to the kernel (the lines above)
 
 
@@ -352,15 +342,25 @@ def linear_cpp(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     return torch_linear(x, layer)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 43
+# notebooks/10_fewer_passes.ipynb, cell 44
+@dataclass(frozen=True)
+class PointwiseOps:
+    """The steps between a Llama layer's matmuls, and the matmuls themselves, by one implementation."""
+    add_rms_norm: Callable   # (x, residual | None, weight, eps) -> (normed, new residual)
+    silu_and_mul: Callable   # (gate_up (tokens, 2 * inter)) -> (tokens, inter)
+    rotary: Callable         # (positions, q, k, cos, sin) -> (q, k)
+    linear: Callable         # (x (tokens, in_features), nn.Linear) -> (tokens, out_features)
+
+
+# notebooks/10_fewer_passes.ipynb, cell 44
 TORCH_OPS = PointwiseOps(add_rms_norm_reference, silu_and_mul_reference, rotary_reference, torch_linear)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 43
+# notebooks/10_fewer_passes.ipynb, cell 44
 CPP_OPS = PointwiseOps(add_rms_norm_cpp, silu_and_mul_cpp, rotary_cpp, linear_cpp)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 43
+# notebooks/10_fewer_passes.ipynb, cell 44
 @functools.cache
 def compiled_ops() -> PointwiseOps:
     """PyTorch's ops through torch.compile, one graph for every token count (compiled at the first call)."""
@@ -369,7 +369,7 @@ def compiled_ops() -> PointwiseOps:
                         torch_linear)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 43
+# notebooks/10_fewer_passes.ipynb, cell 44
 def pointwise_ops(device: torch.device, fusion: str = "auto") -> PointwiseOps:
     """fusion: "auto" (the C++ kernels on a CPU where they built, else PyTorch's ops), "cpp", "torch", "compile"."""
     if fusion == "torch":

@@ -67,7 +67,7 @@ def gathered_decode_attention(q, k_cache, v_cache, block_tables, context_lens, s
                               torch.ones_like(context_lens))[:, 0]
 
 
-# notebooks/09_attention_kernels.ipynb, cell 56
+# notebooks/09_attention_kernels.ipynb, cell 57
 def gathered_prefill_attention(q, k_cache, v_cache, block_tables, context_lens, cu_query_lens,
                                scale: float) -> torch.Tensor:
     """The varlen prefill contract, q (tokens, heads, d) packed by cu_query_lens, computed by the gathered
@@ -81,7 +81,7 @@ def gathered_prefill_attention(q, k_cache, v_cache, block_tables, context_lens, 
     return out[valid]                                                      # (tokens, heads, d)
 
 
-# notebooks/09_attention_kernels.ipynb, cell 57
+# notebooks/09_attention_kernels.ipynb, cell 58
 def decode_kernel(device: torch.device) -> Callable:
     """Decode attention on this device: Triton on a GPU; on a CPU this chapter's kernel, else chapter 04's, else
     the gather."""
@@ -126,7 +126,7 @@ class PagedAttention:
                   for rows in (new == 1, new > 1)]
         return cls(k_pool, v_pool, block_size, slots.to(device), *groups, decode_kernel(device))
 
-    # notebooks/09_attention_kernels.ipynb, cell 59
+    # notebooks/09_attention_kernels.ipynb, cell 60
     def attend(self, layer_idx: int, q, k, v):
         k_pool, v_pool = self.k_pool[layer_idx], self.v_pool[layer_idx]
         k_pool.index_copy_(0, self.slot_mapping, k)
@@ -148,7 +148,7 @@ class PagedAttention:
         out[rows] = prefill(q[rows], k_blocks, v_blocks, p.block_tables, p.context_lens, cu_query_lens, scale)
         return out
 
-    # notebooks/09_attention_kernels.ipynb, cell 59
+    # notebooks/09_attention_kernels.ipynb, cell 60
     def packed_prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows, cu_query_lens): the prefill group's stream rows, sequence after sequence, and their offsets (seqs + 1,)
         int32; computed on the first layer's call, then kept for the step."""
@@ -180,7 +180,7 @@ def group_of(rows: torch.Tensor, tables, computed, new, starts, block_size: int,
                     to(n, torch.int32))
 
 
-# notebooks/09_attention_kernels.ipynb, cell 57
+# notebooks/09_attention_kernels.ipynb, cell 58
 def prefill_kernel(device: torch.device) -> Callable:
     """Varlen prefill attention on this device: Triton on a GPU, this chapter's kernel on a CPU, the gather where
     no kernel can be built."""
