@@ -133,11 +133,38 @@ def iter_checkpoint(path: Path):
     yield from torch.load(bin_file, map_location="cpu", weights_only=True).items()
 
 
-def load_model(path: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    """Our own implementation of the checkpoint's architecture, with its weights loaded."""
+QUANTIZATION_METHODS = (None, "int8", "int4", "gguf")
+
+
+def load_model(path: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               quantization: str | None = None):
+    """Our own implementation of the checkpoint's architecture, with its weights loaded. quantization: None (the
+    checkpoint's weights in `dtype`), "int8" or "int4" (the decoder's Linears quantized after loading), or "gguf"
+    (the model's GGUF file read as it ships: its Q4_1 Linears stay 4-bit)."""
+    if quantization not in QUANTIZATION_METHODS:
+        raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {quantization!r}")
     config = load_config(path)
+    if quantization == "gguf":
+        from rosellm_edu.models.gguf import load_gguf     # chapter 11's modules: imported when asked for
+
+        return load_gguf(gguf_file(path), config, dtype).to(device)
     cls = model_class(config)
     with torch.device(device):
         model = cls(config).to(dtype)
     model.load_weights(iter_checkpoint(path))
+    if quantization is not None:
+        from rosellm_edu.layers.quantization import quantize_model
+
+        quantize_model(model, quantization)
     return model.eval()
+
+
+def gguf_file(path: Path) -> Path:
+    """The GGUF a model directory came from: the embedded model's, or the one *.gguf file inside `path`."""
+    if path.resolve().parent == cache_root().resolve() and path.name.startswith(EMBEDDED_NAME):
+        return embedded_gguf()
+    files = sorted(path.glob("*.gguf"))
+    if len(files) != 1:
+        raise ValueError(f"quantization='gguf' reads a model's GGUF file, but {path} holds {len(files)} *.gguf files "
+                         "and is not the embedded model's directory; use 'int8' or 'int4' for a checkpoint")
+    return files[0]

@@ -1,4 +1,4 @@
-# Generated from notebooks/01_token_generation.ipynb, notebooks/02_kv_cache.ipynb, notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/05_cuda_graphs.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/08_where_the_time_goes.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/01_token_generation.ipynb, notebooks/02_kv_cache.ipynb, notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/05_cuda_graphs.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/08_where_the_time_goes.ipynb, notebooks/11_weight_only_quantization.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -60,15 +60,15 @@ class LLMEngine:
     """Requests in, outputs out, one step at a time: add_request(), then step() until
     has_unfinished_requests() is False."""
 
-    # notebooks/06_fast_sampling.ipynb, cell 62
+    # notebooks/11_weight_only_quantization.ipynb, cell 48
     def __init__(self, model: str | None = None, *, dtype: str | torch.dtype = "auto", seed: int = 0,
                  device: str | torch.device | None = None, block_size: int = 16, num_kv_blocks: int | None = None,
                  kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
-                 enforce_eager: bool = False, max_model_len: int | None = None):
+                 enforce_eager: bool = False, max_model_len: int | None = None, quantization: str | None = None):
         check_sizes(block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                     num_kv_blocks=num_kv_blocks, max_model_len=max_model_len)
-        self.load(model, dtype, device)
+        self.load(model, dtype, device, quantization)                          # quantization
         if max_model_len is not None:   # a shorter context than the model's, as vLLM's max_model_len
             if max_model_len > self.max_model_len:
                 raise ValueError(f"LLMEngine max_model_len={max_model_len} is longer than the model's context "
@@ -85,14 +85,17 @@ class LLMEngine:
         # the sampler draws its noise where the logits are, so the generators live there too
         self.generator = torch.Generator(self.device).manual_seed(seed)   # on the engine's device
 
-    def load(self, model: str | None, dtype: str | torch.dtype, device: str | torch.device | None) -> None:
-        """The model and tokenizer, and what the engine needs to know of them."""
+    # notebooks/11_weight_only_quantization.ipynb, cell 49
+    def load(self, model: str | None, dtype: str | torch.dtype, device: str | torch.device | None,
+             quantization: str | None = None) -> None:
+        """The model (its Linears quantized, or read from the GGUF as they ship) and tokenizer, and what the engine
+        needs to know of them."""
         path = resolve_model(model)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {str(device)!r} was asked for, but torch sees no CUDA device here")
         self.dtype = as_dtype(dtype, self.device)
-        self.model = load_model(path, self.dtype, self.device)
+        self.model = load_model(path, self.dtype, self.device, quantization)  # quantization
         self.tokenizer = load_tokenizer(path)
         config = self.model.config
         self.vocab_size = config.vocab_size

@@ -1,4 +1,4 @@
-# Generated from notebooks/10_fewer_passes.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/10_fewer_passes.ipynb, notebooks/11_weight_only_quantization.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -253,9 +253,12 @@ def rotary_cpp(positions, q, k, cos, sin):
     return q, k
 
 
-# notebooks/10_fewer_passes.ipynb, cell 34
-def torch_linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """PyTorch's matmul, as every Linear of the model calls it: x (rows, in_features) -> (rows, out_features)."""
+# notebooks/11_weight_only_quantization.ipynb, cell 36
+def torch_linear(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+    """x (rows, in_features) -> (rows, out_features): F.linear for an nn.Linear; a quantized layer multiplies by
+    its packed weight itself."""
+    if not isinstance(layer, nn.Linear):
+        return layer(x)
     return F.linear(x, layer.weight, layer.bias)
 
 
@@ -333,11 +336,11 @@ def few_rows_linear_cpp(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
 FEW_ROWS = 4                 # up to this many rows, a bfloat16 matmul goes to the kernel (the lines above)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 43
-def linear_cpp(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """The few-rows kernel where this chapter measured it ahead (bfloat16, <= FEW_ROWS rows), else F.linear."""
-    if (x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] <= FEW_ROWS and layer.bias is None
-            and layer.in_features % 32 == 0 and layer.out_features % 16 == 0):
+# notebooks/11_weight_only_quantization.ipynb, cell 36
+def linear_cpp(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+    """The few-rows kernel where chapter 10 measured it ahead (bfloat16, <= FEW_ROWS rows), else torch_linear."""
+    if (isinstance(layer, nn.Linear) and x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] <= FEW_ROWS
+            and layer.bias is None and layer.in_features % 32 == 0 and layer.out_features % 16 == 0):
         return few_rows_linear_cpp(x, layer)
     return torch_linear(x, layer)
 
@@ -352,11 +355,11 @@ class PointwiseOps:
     linear: Callable         # (x (tokens, in_features), nn.Linear) -> (tokens, out_features)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 44
+# notebooks/11_weight_only_quantization.ipynb, cell 37
 TORCH_OPS = PointwiseOps(add_rms_norm_reference, silu_and_mul_reference, rotary_reference, torch_linear)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 44
+# notebooks/11_weight_only_quantization.ipynb, cell 37
 CPP_OPS = PointwiseOps(add_rms_norm_cpp, silu_and_mul_cpp, rotary_cpp, linear_cpp)
 
 

@@ -1,0 +1,128 @@
+# Generated from notebooks/11_weight_only_quantization.ipynb by `python -m rosellm_edu.book.export`.
+# Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
+# (cells counted from 1 in their notebook, markdown cells included).
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rosellm_edu.kernels import cpu_quant
+from rosellm_edu.kernels.cpu_fused import FEW_ROWS
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 6
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric, one scale per output channel: w (N, K) ~ q (N, K) int8 * scale (N, 1) float32."""
+    scale = w.float().abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127    # (N, 1)
+    q = torch.round(w.float() / scale).clamp(-127, 127).to(torch.int8)         # (N, K)
+    return q, scale
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 6
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale                                                    # (N, K) float32
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 8
+def quantize_int4(w: torch.Tensor, group: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric, in groups of `group` inputs: w[n, group*g + j] ~ q * d[n, g] + m[n, g], q in 0..15.
+    The scale d and the minimum m are float16, as GGUF's Q4_1 stores them; q is computed against the rounded
+    ones, so the grid q * d + m is the one the model will run with. Returns q (N, K) uint8, d and m (N, K/group)."""
+    N, K = w.shape
+    if K % group:
+        raise ValueError(f"in_features={K} is not a multiple of the group size {group}")
+    wg = w.float().view(N, K // group, group)                                   # (N, groups, group)
+    lo, hi = wg.amin(dim=-1), wg.amax(dim=-1)                                   # (N, groups)
+    d, m = ((hi - lo) / 15).half(), lo.half()
+    step = d.float().clamp_min(1e-12).unsqueeze(-1)
+    q = torch.round((wg - m.float().unsqueeze(-1)) / step).clamp(0, 15).to(torch.uint8)
+    return q.view(N, K), d, m
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 8
+def dequantize_int4(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """q (N, K), d and m (N, groups) -> w (N, K) float32."""
+    N, K = q.shape
+    qg = q.float().view(N, d.shape[1], -1)                                      # (N, groups, group)
+    return (qg * d.float().unsqueeze(-1) + m.float().unsqueeze(-1)).view(N, K)
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 19
+class Int8Linear(nn.Module):
+    """nn.Linear with its weight stored as int8 per output channel."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        q, scale = quantize_int8(linear.weight.detach())
+        self.register_buffer("qweight", q)                          # (N, K) int8
+        self.register_buffer("scale", scale.squeeze(1))             # (N,) float32
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:             # x: (rows, K) -> (rows, N)
+        scale = self.scale.to(x.dtype)
+        if x.device.type == "cpu" and x.dim() == 2 and x.shape[0] <= FEW_ROWS:
+            y = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.qweight, scale)
+            return y if self.bias is None else y + self.bias
+        return F.linear(x, self.qweight.to(x.dtype) * scale[:, None], self.bias)
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 21
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """q (N, K) in 0..15 -> (N, K/32, 16) bytes in GGUF's Q4_1 order: byte j of a group holds element j in its
+    low nibble and element j + 16 in its high nibble."""
+    N, K = q.shape
+    g = q.view(N, K // 32, 32)
+    return (g[..., :16] | (g[..., 16:] << 4)).contiguous()
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 21
+def unpack_int4(qs: torch.Tensor) -> torch.Tensor:
+    """The inverse: (N, groups, 16) bytes -> q (N, groups * 32)."""
+    return torch.cat([qs & 15, qs >> 4], dim=-1).view(qs.shape[0], -1)
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 34
+class Int4Linear(nn.Module):
+    """nn.Linear with its weight in 4-bit groups of 32, packed as GGUF's Q4_1 packs them."""
+
+    def __init__(self, in_features: int, out_features: int, qs, d, m, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("qs", qs)                               # (N, K/32, 16) uint8
+        self.register_buffer("d", d)                                 # (N, K/32) float16: the groups' scales
+        self.register_buffer("m", m)                                 # (N, K/32) float16: the groups' minimums
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "Int4Linear":
+        q, d, m = quantize_int4(linear.weight.detach(), group=32)
+        bias = None if linear.bias is None else linear.bias.detach()
+        return cls(linear.in_features, linear.out_features, pack_int4(q), d, m, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:             # x: (rows, K) -> (rows, N)
+        if x.device.type == "cpu" and x.dim() == 2 and cpu_quant.extension() is not None:
+            if x.shape[0] <= FEW_ROWS:
+                y = cpu_quant.int4_linear_cpp(x, self.qs, self.d, self.m)
+                return y if self.bias is None else y + self.bias
+            return F.linear(x, cpu_quant.int4_dequantize_cpp(self.qs, self.d, self.m, x.dtype), self.bias)
+        w = dequantize_int4(unpack_int4(self.qs), self.d, self.m).to(x.dtype)   # a GPU, or no compiler
+        return F.linear(x, w, self.bias)
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 38
+QUANTIZATIONS = {"int8": Int8Linear, "int4": Int4Linear.from_linear}
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 38
+def quantize_model(model: nn.Module, method: str) -> nn.Module:
+    """Replace every Linear of the decoder layers by its quantized copy, in place. The embedding and the LM head
+    keep the model's dtype (an embedding is a table lookup, and the logits are the output)."""
+    if method not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {sorted(QUANTIZATIONS)} or 'gguf', got {method!r}")
+    for layer in model.model.layers if hasattr(model, "model") else model.h:      # Llama, or GPT-2
+        for name, child in list(layer.named_modules()):
+            if isinstance(child, nn.Linear):
+                parent_name, _, attr = name.rpartition(".")
+                setattr(layer.get_submodule(parent_name), attr, QUANTIZATIONS[method](child))
+    return model
