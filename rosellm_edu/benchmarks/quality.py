@@ -36,3 +36,19 @@ def compare(reference: torch.Tensor, other: torch.Tensor, ids: list[int]) -> dic
             "top1": (reference.argmax(-1) == other.argmax(-1)).float().mean().item(),
             "ppl_reference": ref[:-1].gather(1, targets[:, None]).mean().neg().exp().item(),
             "ppl": oth[:-1].gather(1, targets[:, None]).mean().neg().exp().item()}
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 14
+def greedy_agreement(reference_llm, model, max_tokens: int = 48) -> float:
+    """Top-1 agreement on the reference's greedy continuations of PROMPTS: the other model reads each prompt plus
+    the reference's continuation, and we count the positions where its argmax is the reference's next token."""
+    from rosellm_edu import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    agree = total = 0
+    for out in reference_llm.generate(PROMPTS, params, use_tqdm=False):
+        prompt, continuation = out.prompt_token_ids, out.outputs[0].token_ids
+        predicted = logits(model, prompt + continuation[:-1])[len(prompt) - 1:].argmax(-1)
+        agree += (predicted == torch.tensor(continuation)).sum().item()
+        total += len(continuation)
+    return agree / total

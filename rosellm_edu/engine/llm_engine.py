@@ -60,7 +60,7 @@ class LLMEngine:
     """Requests in, outputs out, one step at a time: add_request(), then step() until
     has_unfinished_requests() is False."""
 
-    # notebooks/11_weight_only_quantization.ipynb, cell 48
+    # notebooks/11_weight_only_quantization.ipynb, cell 50
     def __init__(self, model: str | None = None, *, dtype: str | torch.dtype = "auto", seed: int = 0,
                  device: str | torch.device | None = None, block_size: int = 16, num_kv_blocks: int | None = None,
                  kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
@@ -85,7 +85,7 @@ class LLMEngine:
         # the sampler draws its noise where the logits are, so the generators live there too
         self.generator = torch.Generator(self.device).manual_seed(seed)   # on the engine's device
 
-    # notebooks/11_weight_only_quantization.ipynb, cell 49
+    # notebooks/11_weight_only_quantization.ipynb, cell 51
     def load(self, model: str | None, dtype: str | torch.dtype, device: str | torch.device | None,
              quantization: str | None = None) -> None:
         """The model (its Linears quantized, or read from the GGUF as they ship) and tokenizer, and what the engine

@@ -1,6 +1,6 @@
 """The `rosellm-edu` command.
 
-    rosellm-edu serve --host 127.0.0.1 --port 8000 [--model DIR_OR_ID]   an OpenAI-compatible server
+    rosellm-edu serve --host 127.0.0.1 --port 8000 [--model DIR_OR_ID] [--quantization int4]   an OpenAI-compatible server
     rosellm-edu bench --engines openai --url http://127.0.0.1:8000/v1    the benchmark (see rosellm_edu.benchmarks.mixed)
 """
 
@@ -8,7 +8,7 @@ import argparse
 import sys
 
 
-def serve(argv: list[str]) -> None:
+def serve_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rosellm-edu serve", description="Serve the engine over OpenAI's API.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -25,25 +25,34 @@ def serve(argv: list[str]) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--max-model-len", type=int, default=None, help="a shorter context than the model's")
+    parser.add_argument("--quantization", default=None, choices=["int8", "int4", "gguf"],
+                        help="weight-only: int8 or int4 Linears, or the model's GGUF read as it ships (chapter 11)")
     parser.add_argument("--max-request-body-bytes", type=int, default=4 * 2**20,
                         help="a larger request body is refused with 413 before it is parsed (default: 4 MiB)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def build_engine(args: argparse.Namespace):
+    from rosellm_edu.engine.llm_engine import LLMEngine
+
+    return LLMEngine(args.model, dtype=args.dtype, device=args.device, num_kv_blocks=args.num_kv_blocks,
+                     kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+                     gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
+                     max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                     enable_prefix_caching=not args.no_prefix_caching, max_model_len=args.max_model_len,
+                     quantization=args.quantization)
+
+
+def serve(argv: list[str]) -> None:
+    args = serve_args(argv)
 
     import uvicorn
 
-    from rosellm_edu.engine.llm_engine import LLMEngine
     from rosellm_edu.engine.async_llm_engine import AsyncLLMEngine
     from rosellm_edu.entrypoints.openai.api_server import build_app
     from rosellm_edu.model_loader import EMBEDDED_NAME
 
-    engine = AsyncLLMEngine(LLMEngine(args.model, dtype=args.dtype, device=args.device,
-                                      num_kv_blocks=args.num_kv_blocks,
-                                      kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-                                      gpu_memory_utilization=args.gpu_memory_utilization,
-                                      block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-                                      max_num_batched_tokens=args.max_num_batched_tokens,
-                                      enable_prefix_caching=not args.no_prefix_caching,
-                                      max_model_len=args.max_model_len))
+    engine = AsyncLLMEngine(build_engine(args))
     name = args.served_model_name or args.model or EMBEDDED_NAME
     print(f"serving {name!r} at http://{args.host}:{args.port}/v1", flush=True)
     try:

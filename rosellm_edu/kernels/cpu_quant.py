@@ -10,7 +10,7 @@ from rosellm_edu.kernels.build import build_cpp
 from rosellm_edu.kernels.cpu_fused import SOURCE as POINTWISE_SOURCE
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 22
+# notebooks/11_weight_only_quantization.ipynb, cell 23
 SOURCE = POINTWISE_SOURCE + r"""
 typedef uint8_t u8x16 __attribute__((vector_size(16), aligned(1)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
@@ -30,7 +30,7 @@ inline void store16(at::BFloat16* p, v16 v) {
 """
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 23
+# notebooks/11_weight_only_quantization.ipynb, cell 24
 SOURCE += r"""
 // y (M, N) = x (M, K) @ W^T, W in 4-bit groups of 32: W[n, 32g + j] = q * d[n, g] + m[n, g], with q the low nibble
 // of byte j of group g for j < 16, the high nibble of byte j - 16 after (GGUF's Q4_1 order).
@@ -72,7 +72,7 @@ void int4_few_rows(const T* x, const uint8_t* qs, const at::Half* d, const at::H
 """
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 25
+# notebooks/11_weight_only_quantization.ipynb, cell 26
 SOURCE += r"""
 template <typename T>
 void int4_dequantize(const uint8_t* qs, const at::Half* d, const at::Half* m, T* w, int64_t N, int64_t K) {
@@ -90,7 +90,7 @@ void int4_dequantize(const uint8_t* qs, const at::Half* d, const at::Half* m, T*
 """
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 26
+# notebooks/11_weight_only_quantization.ipynb, cell 27
 SOURCE += r"""
 void check_int4(const torch::Tensor& qs, const torch::Tensor& d, const torch::Tensor& m) {
   TORCH_CHECK(qs.device().is_cpu() && qs.scalar_type() == at::kByte && qs.dim() == 3 && qs.size(2) == 16 &&
@@ -128,7 +128,7 @@ torch::Tensor int4_dequantize_out(torch::Tensor qs, torch::Tensor d, torch::Tens
 """
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 27
+# notebooks/11_weight_only_quantization.ipynb, cell 28
 @functools.cache
 def extension():
     """The 4-bit kernels, or None where they cannot be built (the layers then de-quantize with PyTorch ops)."""
@@ -136,13 +136,13 @@ def extension():
                      "4-bit layers de-quantize with PyTorch ops instead", extra_cflags=("-fno-trapping-math",))
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 27
+# notebooks/11_weight_only_quantization.ipynb, cell 28
 def int4_linear_cpp(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """x (rows <= 4, K) @ W^T for W packed as qs (N, K/32, 16), d and m (N, K/32): W is read once, as 4 bits."""
     return extension().int4_linear(x.contiguous(), qs, d, m)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 27
+# notebooks/11_weight_only_quantization.ipynb, cell 28
 def int4_dequantize_cpp(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """W (N, K) in dtype, one pass over the packed weight."""
     return extension().int4_dequantize_out(qs, d, m, dtype)

@@ -47,7 +47,7 @@ def dequantize_int4(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.
     return (qg * d.float().unsqueeze(-1) + m.float().unsqueeze(-1)).view(N, K)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 19
+# notebooks/11_weight_only_quantization.ipynb, cell 20
 class Int8Linear(nn.Module):
     """nn.Linear with its weight stored as int8 per output channel."""
 
@@ -67,7 +67,7 @@ class Int8Linear(nn.Module):
         return F.linear(x, self.qweight.to(x.dtype) * scale[:, None], self.bias)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 21
+# notebooks/11_weight_only_quantization.ipynb, cell 22
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """q (N, K) in 0..15 -> (N, K/32, 16) bytes in GGUF's Q4_1 order: byte j of a group holds element j in its
     low nibble and element j + 16 in its high nibble."""
@@ -76,13 +76,13 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     return (g[..., :16] | (g[..., 16:] << 4)).contiguous()
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 21
+# notebooks/11_weight_only_quantization.ipynb, cell 22
 def unpack_int4(qs: torch.Tensor) -> torch.Tensor:
     """The inverse: (N, groups, 16) bytes -> q (N, groups * 32)."""
     return torch.cat([qs & 15, qs >> 4], dim=-1).view(qs.shape[0], -1)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 34
+# notebooks/11_weight_only_quantization.ipynb, cell 30
 class Int4Linear(nn.Module):
     """nn.Linear with its weight in 4-bit groups of 32, packed as GGUF's Q4_1 packs them."""
 
@@ -110,11 +110,11 @@ class Int4Linear(nn.Module):
         return F.linear(x, w, self.bias)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 38
+# notebooks/11_weight_only_quantization.ipynb, cell 40
 QUANTIZATIONS = {"int8": Int8Linear, "int4": Int4Linear.from_linear}
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 38
+# notebooks/11_weight_only_quantization.ipynb, cell 40
 def quantize_model(model: nn.Module, method: str) -> nn.Module:
     """Replace every Linear of the decoder layers by its quantized copy, in place. The embedding and the LM head
     keep the model's dtype (an embedding is a table lookup, and the logits are the output)."""
