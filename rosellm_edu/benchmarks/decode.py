@@ -39,20 +39,30 @@ from rosellm_edu.sequence import Sequence
 DATA_FILE = Path(__file__).resolve().parents[2] / "notebooks" / "data" / "cuda_graph_decode.json"
 
 
-def load(name: str, dtype: torch.dtype, device: torch.device):
+def load(name: str, dtype: torch.dtype, device: torch.device, quantization: str | None = None):
     if name == "embedded":
-        return model_loader.load_model(model_loader.resolve_model(), dtype, device)
+        return model_loader.load_model(model_loader.resolve_model(), dtype, device, quantization)
     if name == "gpt2":
         config = GPT2Config()
         torch.manual_seed(0)
+        if quantization == "gguf":
+            raise ValueError("--quantization gguf reads the embedded model's GGUF; gpt2 has none")
         with torch.device(device):
-            return model_class(config)(config).to(dtype).eval()
+            model = model_class(config)(config).to(dtype).eval()
+        if quantization is None:
+            return model
+        from rosellm_edu.layers.quantization import quantize_model   # chapter 11's
+
+        return quantize_model(model, quantization)
     raise ValueError(f"unknown model {name!r}; choose gpt2 or embedded")
 
 
 def weight_bytes(model) -> int:
-    """Bytes of weights a decode step reads: every parameter once (a tied LM head is the embedding)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes of weights a decode step reads: every parameter and stored buffer once (a tied LM head is the
+    embedding; a quantized layer's packed weight and scales are buffers)."""
+    tensors = {t.data_ptr(): t for t in [*model.parameters(), *model.buffers(recurse=True)]}
+    stored = {t.data_ptr() for t in model.state_dict().values()}     # not the rotary tables, which are not weights
+    return sum(t.numel() * t.element_size() for ptr, t in tensors.items() if ptr in stored)
 
 
 def decode_batch(num_seqs: int, context: int, length: int, block_size: int, vocab_size: int, gen):
@@ -120,6 +130,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--warmup", type=int, default=8 if cuda else 2)
     parser.add_argument("--dtype", default="bfloat16" if cuda else "float32", choices=["float32", "bfloat16"])
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--quantization", default=None, choices=["int8", "int4", "gguf"], help="chapter 11's weights")
     parser.add_argument("--out", default=str(DATA_FILE) if cuda else None,
                         help=f"write the results as JSON (default on a GPU: {DATA_FILE.relative_to(DATA_FILE.parents[2])})")
     args = parser.parse_args(argv)
@@ -134,15 +145,16 @@ def main(argv=None) -> dict:
           f"{report['machine']['cuda_graphs']}, memory bandwidth {bandwidth / 1e9:.1f} GB/s")
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     for name in args.models.split(","):
-        model = load(name, getattr(torch, args.dtype), device)
-        print(f"{name} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, {args.dtype}):")
+        model = load(name, getattr(torch, args.dtype), device, args.quantization)
+        print(f"{name} ({weight_bytes(model) / 1e6:.0f} MB of weights, {args.dtype}, quantization {args.quantization}):")
         with torch.no_grad():
             results = measure(model, batch_sizes, args.context, args.steps, args.warmup, args.block_size)
         floor_ms = 1e3 * weight_bytes(model) / bandwidth
         for r in (r for r in results if r["batch_size"] == 1):
             print(f"  {r['mode']:>5} batch 1: TPOT {r['tpot_ms']:.2f} ms, weights-over-bandwidth floor "
                   f"{floor_ms:.2f} ms ({r['tpot_ms'] / floor_ms:.1f}x the floor)")
-        report["models"].append({"model": name, "dtype": args.dtype, "weight_bytes": weight_bytes(model),
+        report["models"].append({"model": name, "dtype": args.dtype, "quantization": args.quantization,
+                                 "weight_bytes": weight_bytes(model),
                                  "weight_floor_ms": floor_ms, "results": results})
         del model
     if args.out:
