@@ -37,6 +37,7 @@ model: $(STAMP)
 	$(PY) -c "from rosellm_edu.kernels import cpu_paged_attention; cpu_paged_attention.extension()"
 	$(PY) -c "from rosellm_edu.kernels import cpu_fused; cpu_fused.extension()"
 	$(PY) -c "from rosellm_edu.kernels import cpu_attention; cpu_attention.extension()"
+	$(PY) -c "from rosellm_edu.kernels import cpu_quant; cpu_quant.extension()"
 
 lab: setup
 	$(JUPYTER) lab notebooks/
