@@ -22,6 +22,7 @@ from rosellm_edu.outputs import Logprob, RequestOutput
 from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.sequence import Sequence
 from rosellm_edu.spec_decode.config import SpeculativeConfig
+from rosellm_edu.spec_decode.draft_model_proposer import DraftModelProposer, load_draft_model
 from rosellm_edu.spec_decode.metrics import SpecDecodingStats
 from rosellm_edu.spec_decode.ngram_proposer import NgramProposer
 from rosellm_edu.spec_decode.rejection_sampler import accepted_count
@@ -295,9 +296,17 @@ class LLMEngine:
                 s.seq.prompt_logprobs.append(self.with_text(logprob_dict(row, token, s.seq.params.prompt_logprobs)))
             done += len(span)
 
-    # notebooks/12_speculative_decoding.ipynb, cell 24
+    # notebooks/12_speculative_decoding.ipynb, cell 34
     def make_proposer(self, spec: SpeculativeConfig, model: str | None):
-        return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
+        """The proposer speculative_config names; a draft model shares the target's device, dtype and block size."""
+        if spec.method == "ngram":
+            return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
+        draft = load_draft_model(spec.model or model, self.dtype, self.device, spec.quantization)
+        if draft.config.vocab_size != self.vocab_size:
+            raise ValueError(f"speculative_config['model']: the draft's vocabulary has {draft.config.vocab_size} "
+                             f"tokens, the target's {self.vocab_size}; a draft must share the target's tokenizer")
+        cache = KVCache(draft.config, self.kv_cache.num_blocks, self.kv_cache.block_size, self.dtype, self.device)
+        return DraftModelProposer(draft, cache, self.scheduler.max_num_seqs, self.max_model_len)
 
     # notebooks/12_speculative_decoding.ipynb, cell 25
     def propose(self) -> dict[str, list[int]]:

@@ -5,6 +5,7 @@
 """
 
 import argparse
+import json
 import sys
 
 
@@ -25,6 +26,9 @@ def serve(argv: list[str]) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--max-model-len", type=int, default=None, help="a shorter context than the model's")
+    parser.add_argument("--speculative-config", type=json.loads, default=None,
+                        help='speculative decoding as JSON, as vLLM\'s flag: \'{"method": "ngram", '
+                             '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\'')
     parser.add_argument("--max-request-body-bytes", type=int, default=4 * 2**20,
                         help="a larger request body is refused with 413 before it is parsed (default: 4 MiB)")
     args = parser.parse_args(argv)
@@ -43,7 +47,8 @@ def serve(argv: list[str]) -> None:
                                       block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                                       max_num_batched_tokens=args.max_num_batched_tokens,
                                       enable_prefix_caching=not args.no_prefix_caching,
-                                      max_model_len=args.max_model_len))
+                                      max_model_len=args.max_model_len,
+                                      speculative_config=args.speculative_config))
     name = args.served_model_name or args.model or EMBEDDED_NAME
     print(f"serving {name!r} at http://{args.host}:{args.port}/v1", flush=True)
     try:
