@@ -5,20 +5,20 @@
 from dataclasses import dataclass
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 8
+# notebooks/12_speculative_decoding.ipynb, cell 12
 METHODS = ("ngram", "draft_model")
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 8
+# notebooks/12_speculative_decoding.ipynb, cell 12
 QUANTIZATIONS = (None, "int8", "int4", "gguf")
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 8
+# notebooks/12_speculative_decoding.ipynb, cell 12
 KEYS = {"ngram": {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"},
         "draft_model": {"method", "num_speculative_tokens", "model", "quantization"}}
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 8
+# notebooks/12_speculative_decoding.ipynb, cell 12
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """vLLM's speculative_config, checked: where drafts come from, and how many to verify per step."""

@@ -13,7 +13,7 @@ from rosellm_edu.engine.scheduler import ScheduledSeq
 from rosellm_edu.model_loader import load_model, resolve_model
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 31
+# notebooks/12_speculative_decoding.ipynb, cell 39
 def load_draft_model(model: str | None, dtype: torch.dtype, device: torch.device, quantization: str | None = None):
     """The draft's weights: any checkpoint (None: the embedded model), quantized by load_model when asked."""
     path = resolve_model(model)
@@ -25,7 +25,7 @@ def load_draft_model(model: str | None, dtype: torch.dtype, device: torch.device
     return load_model(path, dtype, device, quantization=quantization)
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 31
+# notebooks/12_speculative_decoding.ipynb, cell 39
 def agreed(a: list[int], b: list[int]) -> int:
     """How many leading tokens a and b share."""
     n = 0
@@ -34,7 +34,7 @@ def agreed(a: list[int], b: list[int]) -> int:
     return n
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 32
+# notebooks/12_speculative_decoding.ipynb, cell 40
 class DraftModelProposer:
     """A smaller or quantized model guesses greedily, one batched pass per draft, through its own paged KV cache."""
 

@@ -6,7 +6,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 4
+# notebooks/12_speculative_decoding.ipynb, cell 8
 class NgramProposer:
     """Prompt lookup: the tokens that followed the latest earlier occurrence of the sequence's last n tokens."""
 
