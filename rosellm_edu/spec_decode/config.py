@@ -41,14 +41,20 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config: unknown key(s) {unknown} for method {method!r}; "
                              f"its keys are {sorted(KEYS[method])}")
         spec = cls(**config)
-        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
-            value = getattr(spec, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"speculative_config['{name}'] must be a positive integer, got {value!r}")
-        if spec.prompt_lookup_min > spec.prompt_lookup_max:
-            raise ValueError(f"speculative_config['prompt_lookup_min'] ({spec.prompt_lookup_min}) must not exceed "
-                             f"'prompt_lookup_max' ({spec.prompt_lookup_max})")
-        if spec.quantization not in QUANTIZATIONS:
-            raise ValueError(f"speculative_config['quantization'] must be one of {QUANTIZATIONS}, "
-                             f"got {spec.quantization!r}")
+        check_values(spec)
         return spec
+
+
+# notebooks/12_speculative_decoding.ipynb, cell 13
+def check_values(spec: SpeculativeConfig) -> None:
+    """The sizes are positive integers, min <= max, and the quantization one load_model knows."""
+    for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+        value = getattr(spec, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"speculative_config['{name}'] must be a positive integer, got {value!r}")
+    if spec.prompt_lookup_min > spec.prompt_lookup_max:
+        raise ValueError(f"speculative_config['prompt_lookup_min'] ({spec.prompt_lookup_min}) must not exceed "
+                         f"'prompt_lookup_max' ({spec.prompt_lookup_max})")
+    if spec.quantization not in QUANTIZATIONS:
+        raise ValueError(f"speculative_config['quantization'] must be one of {QUANTIZATIONS}, "
+                         f"got {spec.quantization!r}")

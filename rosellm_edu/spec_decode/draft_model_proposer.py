@@ -13,7 +13,7 @@ from rosellm_edu.engine.scheduler import ScheduledSeq
 from rosellm_edu.model_loader import load_model, resolve_model
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 39
+# notebooks/12_speculative_decoding.ipynb, cell 41
 def load_draft_model(model: str | None, dtype: torch.dtype, device: torch.device, quantization: str | None = None):
     """The draft's weights: any checkpoint (None: the embedded model), quantized by load_model when asked."""
     path = resolve_model(model)
@@ -25,7 +25,7 @@ def load_draft_model(model: str | None, dtype: torch.dtype, device: torch.device
     return load_model(path, dtype, device, quantization=quantization)
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 39
+# notebooks/12_speculative_decoding.ipynb, cell 41
 def agreed(a: list[int], b: list[int]) -> int:
     """How many leading tokens a and b share."""
     n = 0
@@ -34,7 +34,7 @@ def agreed(a: list[int], b: list[int]) -> int:
     return n
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 40
+# notebooks/12_speculative_decoding.ipynb, cell 42
 class DraftModelProposer:
     """A smaller or quantized model guesses greedily, one batched pass per draft, through its own paged KV cache."""
 
@@ -58,19 +58,21 @@ class DraftModelProposer:
             batch = [s for s in (self.feed(s, drafts, limit) for s in batch) if s is not None]
         return drafts
 
+    # notebooks/12_speculative_decoding.ipynb, cell 43
     def catch_up(self, seq) -> ScheduledSeq | None:
         """The tokens of seq the draft cache lacks, as one chunk; its last logits give the first draft."""
         request_id = seq.request_id
         if request_id not in self.fed and self.blocks.allocate(seq) is None:
             return None                                                    # no room: no drafts this step
         n, fed = self.fed.get(request_id, (0, []))
-        valid = min(n + agreed(fed, seq.token_slice(n, n + len(fed))), len(seq) - 1)
+        valid = min(n + agreed(fed, seq.token_slice(n, n + len(fed))), len(seq) - 1)   # accepted drafts stay valid
         if not self.blocks.ensure(seq, valid, len(seq)):
             self.forget(request_id)
             return None
         self.fed[request_id] = (len(seq), [])
         return ScheduledSeq(seq, valid, len(seq) - valid)
 
+    # notebooks/12_speculative_decoding.ipynb, cell 43
     def feed(self, s: ScheduledSeq, drafts: dict[str, list[int]], limit: dict[str, int]) -> ScheduledSeq | None:
         """The next pass of one sequence: its newest draft in, the draft after it out; None when it has enough."""
         request_id, mine = s.seq.request_id, drafts[s.seq.request_id]
@@ -79,6 +81,7 @@ class DraftModelProposer:
         self.fed[request_id] = (len(s.seq), list(mine))
         return ScheduledSeq(s.seq, s.end, 1, list(mine))
 
+    # notebooks/12_speculative_decoding.ipynb, cell 43
     def forget(self, request_id: str) -> None:
         self.blocks.free(request_id)
         self.fed.pop(request_id, None)

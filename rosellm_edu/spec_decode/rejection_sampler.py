@@ -5,7 +5,7 @@
 import torch
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 14
+# notebooks/12_speculative_decoding.ipynb, cell 15
 def rejection_sample(target_probs: torch.Tensor, draft_ids: list[int], draft_probs: torch.Tensor | None,
                      generator: torch.Generator | None = None) -> list[int]:
     """Leviathan et al.'s rule for one sequence. target_probs (k + 1, V): p at each draft's position and after the
@@ -25,7 +25,7 @@ def rejection_sample(target_probs: torch.Tensor, draft_ids: list[int], draft_pro
     return draft_ids[:a] + [int(torch.multinomial(last / last.sum(), 1, generator=generator))]
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 14
+# notebooks/12_speculative_decoding.ipynb, cell 15
 def accepted_count(sampled: list[int], draft_ids: list[int]) -> int:
     """The point-mass case as the engine runs it: sampled[i] is the target's own draw at draft i's position;
     accept while the two agree. Accepting x with probability p(x) and otherwise drawing from p without x is the
