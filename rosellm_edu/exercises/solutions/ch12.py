@@ -24,3 +24,7 @@ def greedy_verify(argmax_ids: list[int], draft_ids: list[int]) -> list[int]:
 def leftover_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     left = (p - q).clamp_min(0)
     return left / left.sum()
+
+
+SOLUTIONS = {"check_ngram_propose": ngram_propose, "check_greedy_verify": greedy_verify,
+             "check_leftover_distribution": leftover_distribution}
