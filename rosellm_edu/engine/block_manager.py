@@ -1,4 +1,4 @@
-# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/08_where_the_time_goes.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/08_where_the_time_goes.ipynb, notebooks/12_speculative_decoding.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -124,18 +124,13 @@ class BlockManager:
             self.cached.setdefault(prev, block.block_id)
         self.num_hashed[seq.request_id] = max(done, num_computed // bs)
 
-    # notebooks/08_where_the_time_goes.ipynb, cell 39
+    # notebooks/12_speculative_decoding.ipynb, cell 24
     def free(self, request_id: str) -> None:
         """Drop a sequence's references. Unused blocks become free; those holding a prefix stay reusable."""
         self.num_hashed.pop(request_id, None)
         self.table.drop(request_id)
         for b in reversed(self.block_tables.pop(request_id, [])):  # a prefix's tail is evicted before its head
-            block = self.blocks[b]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self.free_blocks[b] = None
-                if self.cached.get(block.hash) != b:
-                    self.free_blocks.move_to_end(b, last=False)           # worthless: reuse it first
+            self.release(b)                                        # shared with trim
 
     # notebooks/04_paged_attention.ipynb, cell 16
     def _ref(self, block_id: int) -> None:
@@ -182,6 +177,25 @@ class BlockManager:
         """The copies recorded since the last call, for the engine to make before its forward pass."""
         copies, self.copies = self.copies, []
         return copies
+
+    # notebooks/12_speculative_decoding.ipynb, cell 24
+    def trim(self, request_id: str, num_tokens: int) -> None:
+        """Give back the blocks of request_id's table past the first num_tokens tokens (rejected drafts' blocks)."""
+        table = self.block_tables[request_id]
+        keep = self.blocks_needed(num_tokens)
+        for b in reversed(table[keep:]):
+            self.release(b)
+        del table[keep:]                       # the tensor row's stale tail is never read: widths follow the tokens
+
+    # notebooks/12_speculative_decoding.ipynb, cell 24
+    def release(self, block_id: int) -> None:
+        """Drop one reference; an unused block becomes free, reused last if it holds a cached prefix, else first."""
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free_blocks[block_id] = None
+            if self.cached.get(block.hash) != block_id:
+                self.free_blocks.move_to_end(block_id, last=False)
 
 
 # notebooks/08_where_the_time_goes.ipynb, cell 34

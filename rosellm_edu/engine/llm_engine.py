@@ -1,9 +1,10 @@
-# Generated from notebooks/01_token_generation.ipynb, notebooks/02_kv_cache.ipynb, notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/05_cuda_graphs.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/08_where_the_time_goes.ipynb, notebooks/11_weight_only_quantization.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/01_token_generation.ipynb, notebooks/02_kv_cache.ipynb, notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/05_cuda_graphs.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/08_where_the_time_goes.ipynb, notebooks/11_weight_only_quantization.ipynb, notebooks/12_speculative_decoding.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
 import contextlib
 import functools
+import itertools
 import time
 from typing import Iterable
 
@@ -20,6 +21,11 @@ from rosellm_edu.model_loader import load_model, load_tokenizer, resolve_model
 from rosellm_edu.outputs import Logprob, RequestOutput
 from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.sequence import Sequence
+from rosellm_edu.spec_decode.config import SpeculativeConfig
+from rosellm_edu.spec_decode.draft_model_proposer import DraftModelProposer, load_draft_model
+from rosellm_edu.spec_decode.metrics import SpecDecodingStats
+from rosellm_edu.spec_decode.ngram_proposer import NgramProposer
+from rosellm_edu.spec_decode.rejection_sampler import accepted_count
 
 
 # notebooks/01_token_generation.ipynb, cell 32
@@ -60,15 +66,17 @@ class LLMEngine:
     """Requests in, outputs out, one step at a time: add_request(), then step() until
     has_unfinished_requests() is False."""
 
-    # notebooks/11_weight_only_quantization.ipynb, cell 50
+    # notebooks/12_speculative_decoding.ipynb, cell 30
     def __init__(self, model: str | None = None, *, dtype: str | torch.dtype = "auto", seed: int = 0,
                  device: str | torch.device | None = None, block_size: int = 16, num_kv_blocks: int | None = None,
                  kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
-                 enforce_eager: bool = False, max_model_len: int | None = None, quantization: str | None = None):
+                 enforce_eager: bool = False, max_model_len: int | None = None, quantization: str | None = None,
+                 speculative_config: dict | None = None):
         check_sizes(block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                     num_kv_blocks=num_kv_blocks, max_model_len=max_model_len)
-        self.load(model, dtype, device, quantization)                          # quantization
+        spec = None if speculative_config is None else SpeculativeConfig.from_dict(speculative_config)   # first
+        self.load(model, dtype, device, quantization)
         if max_model_len is not None:   # a shorter context than the model's, as vLLM's max_model_len
             if max_model_len > self.max_model_len:
                 raise ValueError(f"LLMEngine max_model_len={max_model_len} is longer than the model's context "
@@ -84,6 +92,8 @@ class LLMEngine:
                                   enforce_eager=enforce_eager)
         # the sampler draws its noise where the logits are, so the generators live there too
         self.generator = torch.Generator(self.device).manual_seed(seed)   # on the engine's device
+        self.speculative_config, self.spec_decoding_stats = spec, SpecDecodingStats()
+        self.proposer = None if spec is None else self.make_proposer(spec, model)
 
     # notebooks/11_weight_only_quantization.ipynb, cell 51
     def load(self, model: str | None, dtype: str | torch.dtype, device: str | torch.device | None,
@@ -156,55 +166,63 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    # notebooks/04_paged_attention.ipynb, cell 101
+    # notebooks/12_speculative_decoding.ipynb, cell 32
     @torch.no_grad()
     def step(self) -> list[RequestOutput]:
-        batch = self.scheduler.schedule()
+        batch = self.scheduler.schedule(self.propose())                         # drafts to verify
         if not batch:
             return []
         self.kv_cache.copy_blocks(self.scheduler.block_manager.take_copies())  # copy-on-write, before any write
-        logits = self.forward(batch)                                            # (sampling rows, vocab)
+        logits = self.forward(batch)                                            # (sampled positions, vocab)
         self.scheduler.computed(batch)
-        sampling = [s.seq for s in batch if s.samples]
-        seqs, rows = self.fork_samples(sampling)                                # n > 1
-        if len(seqs) > len(sampling):                                           # a fork samples from its
-            logits = logits[torch.tensor(rows, device=logits.device)]           # parent's row: (seqs, vocab)
-        for seq, token in zip(seqs, self.pick_tokens(seqs, logits)):
-            seq.append_token(token, self.tokenizer, self.eos_token_ids, self.max_model_len)
+        sampling = [s for s in batch if s.samples]
+        seqs, rows = self.fork_samples([s.seq for s in sampling])               # n > 1
+        drafts = [sampling[r].draft_token_ids if seq is sampling[r].seq else [] for seq, r in zip(seqs, rows)]
+        first = [0] + list(itertools.accumulate(len(s.logit_positions) for s in sampling))
+        index = [first[r] + j for r, d in zip(rows, drafts) for j in range(1 + len(d))]
+        if len(seqs) > len(sampling):                                           # a fork reads its parent's row
+            logits = logits[torch.tensor(index, device=logits.device)]          # (rows, vocab)
+        for seq, draft, picked in zip(seqs, drafts, self.pick_tokens(seqs, logits, drafts)):
+            appended = self.append_tokens(seq, picked)
+            self.spec_decoding_stats.observe(len(draft), len(picked) - 1)
+            if draft and not seq.finished:
+                self.scheduler.accept(seq, appended - 1)
         outputs = self.request_outputs(seqs)                                    # one per request
         for seq in seqs:
             if seq.finished:
                 self.scheduler.remove(seq)
         return outputs
 
-    # notebooks/08_where_the_time_goes.ipynb, cell 48
+    # notebooks/12_speculative_decoding.ipynb, cell 35
     def forward(self, batch: list[ScheduledSeq]) -> torch.Tensor:
-        """Logits (sampling rows, vocab) of one step; records the prompt logprobs this step's chunks owe."""
+        """Logits (sampled positions, vocab) of one step; records the prompt logprobs this step's chunks owe."""
         owed = [prompt_logprob_positions(s) for s in batch]
         table = self.scheduler.block_manager.table                     # the tensor rows, not the lists
         with self.device_context():
             if not any(owed):
                 return self.runner.run(batch, table)
             logits = self.runner.run_eager(batch, table_rows(table, batch, self.kv_cache.block_size), owed)
-        sampling = sum(s.samples for s in batch)
-        self.record_prompt_logprobs(batch, owed, logits[sampling:])
-        return logits[:sampling]
+        sampled = sum(len(s.logit_positions) for s in batch)              # 1 + drafts per speculating row
+        self.record_prompt_logprobs(batch, owed, logits[sampled:])
+        return logits[:sampled]
 
-    # notebooks/06_fast_sampling.ipynb, cell 87
-    def pick_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
-        """Every sampling row at once, one device->host transfer; records masks and logprobs for the requests that
-        ask. The logprobs are of the model's raw logits, before the logits processors (vLLM's default)."""
-        params = [seq.params for seq in seqs]
-        processed = apply_logits_processors(logits, params, [s.prompt_token_ids for s in seqs],
-                                            [s.output_token_ids for s in seqs], self.eos_token_ids)
-        out = sample(processed, params, [s.generator for s in seqs], self.generator, raw_logits=logits)
-        for seq, token, mask, logz, logprobs in zip(seqs, out.token_ids, out.sampling_masks, out.sampling_logz,
-                                                    out.logprobs):
-            if seq.params.return_sampling_mask:
-                seq.record_sampling_mask(mask, logz)
-            if logprobs is not None:
-                seq.record_logprobs(self.with_text(logprobs), token)
-        return out.token_ids
+    # notebooks/12_speculative_decoding.ipynb, cell 34
+    def pick_tokens(self, seqs: list[Sequence], logits: torch.Tensor, drafts: list[list[int]]) -> list[list[tuple]]:
+        """For each sequence, from its 1 + len(drafts) rows of logits: the accepted drafts and one token after them, each
+        as (token, mask, logZ, logprobs). All rows in one sampler call, one device->host transfer."""
+        row_seqs = [seq for seq, d in zip(seqs, drafts) for _ in range(1 + len(d))]
+        histories = [seq.output_token_ids + d[:j] for seq, d in zip(seqs, drafts) for j in range(1 + len(d))]
+        params = [seq.params for seq in row_seqs]
+        processed = apply_logits_processors(logits, params, [s.prompt_token_ids for s in row_seqs], histories,
+                                            self.eos_token_ids)
+        out = sample(processed, params, [s.generator for s in row_seqs], self.generator, raw_logits=logits)
+        picked, row = [], 0
+        for draft in drafts:
+            n = 1 + accepted_count(out.token_ids[row:row + len(draft)], draft)
+            picked.append([(out.token_ids[r], out.sampling_masks[r], out.sampling_logz[r], out.logprobs[r])
+                           for r in range(row, row + n)])
+            row += 1 + len(draft)
+        return picked
 
     # notebooks/04_paged_attention.ipynb, cell 67
     def kv_cache_stats(self) -> dict:
@@ -281,6 +299,51 @@ class LLMEngine:
             for row, token in zip(table[done:done + len(span)], targets[done:done + len(span)]):
                 s.seq.prompt_logprobs.append(self.with_text(logprob_dict(row, token, s.seq.params.prompt_logprobs)))
             done += len(span)
+
+    # notebooks/12_speculative_decoding.ipynb, cell 45
+    def make_proposer(self, spec: SpeculativeConfig, model: str | None):
+        """The proposer speculative_config names; a draft model shares the target's device, dtype and block size."""
+        if spec.method == "ngram":
+            return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
+        draft = load_draft_model(spec.model or model, self.dtype, self.device, spec.quantization)
+        if draft.config.vocab_size != self.vocab_size:
+            raise ValueError(f"speculative_config['model']: the draft's vocabulary has {draft.config.vocab_size} "
+                             f"tokens, the target's {self.vocab_size}; a draft must share the target's tokenizer")
+        cache = KVCache(draft.config, self.kv_cache.num_blocks, self.kv_cache.block_size, self.dtype, self.device)
+        return DraftModelProposer(draft, cache, self.scheduler.max_num_seqs, self.max_model_len)
+
+    # notebooks/12_speculative_decoding.ipynb, cell 31
+    def propose(self) -> dict[str, list[int]]:
+        """request id -> drafts, for the running sequences that decode this step; {} without speculation."""
+        if self.proposer is None:
+            return {}
+        scheduler, k = self.scheduler, self.speculative_config.num_speculative_tokens
+        decoding = [s for s in scheduler.running if scheduler.num_computed[s.request_id] == len(s) - 1]
+        return self.proposer.propose(decoding, [min(k, self.tokens_left(s) - 1) for s in decoding])
+
+    # notebooks/12_speculative_decoding.ipynb, cell 31
+    def tokens_left(self, seq: Sequence) -> int:
+        """The most tokens seq may still emit: up to max_tokens and to the end of the context."""
+        room = self.max_model_len - len(seq)
+        return room if seq.params.max_tokens is None else min(room, seq.params.max_tokens - len(seq.output_token_ids))
+
+    # notebooks/12_speculative_decoding.ipynb, cell 31
+    def spec_stats(self) -> dict:
+        """Acceptance rate and mean accepted length since the engine started (vLLM's spec decoding metrics)."""
+        return self.spec_decoding_stats.as_dict()
+
+    # notebooks/12_speculative_decoding.ipynb, cell 34
+    def append_tokens(self, seq: Sequence, picked: list[tuple]) -> int:
+        """Append the picked tokens, with their masks and logprobs, until one finishes the sequence; how many went in."""
+        for appended, (token, mask, logz, logprobs) in enumerate(picked, 1):
+            if seq.params.return_sampling_mask:
+                seq.record_sampling_mask(mask, logz)
+            if logprobs is not None:
+                seq.record_logprobs(self.with_text(logprobs), token)
+            seq.append_token(token, self.tokenizer, self.eos_token_ids, self.max_model_len)
+            if seq.finished:                                     # EOS, a stop or max_tokens inside an accepted run
+                break
+        return appended
 
 
 # notebooks/03_continuous_batching.ipynb, cell 28

@@ -1,4 +1,4 @@
-# Generated from notebooks/05_cuda_graphs.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/08_where_the_time_goes.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/05_cuda_graphs.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/08_where_the_time_goes.ipynb, notebooks/12_speculative_decoding.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -74,30 +74,31 @@ class ModelRunner:
         self.graphs[rows].replay()
         return self.logits[:n].clone()                        # the buffer is overwritten by the next step
 
-    # notebooks/08_where_the_time_goes.ipynb, cell 44
+    # notebooks/12_speculative_decoding.ipynb, cell 26
     def run_eager(self, batch: list[ScheduledSeq], tables: torch.Tensor | list[list[int]],
                   keep: list[range] | None = None) -> torch.Tensor:
-        """One forward pass over the batch's new tokens, with attention metadata built for this batch. Logits of the
-        sampling rows, in batch order, then those of the positions keep[i] of each batch[i], in order."""
-        ids, positions, last_rows, kept_rows, start = [], [], [], [], 0
+        """One forward pass over the batch's new tokens. Logits of the sampled positions (NEW: 1 + drafts of a
+        speculating row), in batch order, then those of the positions keep[i] of each batch[i], in order."""
+        ids, positions, sampled_rows, kept_rows, start = [], [], [], [], 0
         for i, s in enumerate(batch):
-            ids += s.seq.token_slice(s.num_computed, s.num_computed + s.num_new)   # not the whole token_ids
-            positions += range(s.num_computed, s.num_computed + s.num_new)
+            ids += s.token_ids()                                                # drafts after the tokens
+            positions += range(s.num_computed, s.end)
             if keep:
                 kept_rows += [start + p - s.num_computed for p in keep[i]]
+            sampled_rows += [start + p - s.num_computed for p in s.logit_positions]
             start += s.num_new
-            if s.samples:
-                last_rows.append(start - 1)
-        device, kv = self.kv_cache.k.device, self.kv_cache
+        kv = self.kv_cache
         ctx = PagedAttention.build(kv.k, kv.v, kv.block_size, tables, [s.num_computed for s in batch],
                                    [s.num_new for s in batch])
+        device = kv.k.device
         hidden = self.model(torch.tensor(ids, device=device), torch.tensor(positions, device=device), ctx)
-        return self.model.compute_logits(hidden[last_rows + kept_rows])            # kept rows after
+        return self.model.compute_logits(hidden[sampled_rows + kept_rows])
 
-    # notebooks/05_cuda_graphs.ipynb, cell 25
+    # notebooks/12_speculative_decoding.ipynb, cell 26
     def is_decode(self, batch: list[ScheduledSeq]) -> bool:
-        """Every row computes one token and samples from it."""
-        return 0 < len(batch) <= self.max_num_seqs and all(s.num_new == 1 and s.samples for s in batch)
+        """Every row computes one token of its own and samples from it (NEW: no drafts)."""
+        return 0 < len(batch) <= self.max_num_seqs and all(s.num_new == 1 and s.samples and not s.draft_token_ids
+                                                           for s in batch)
 
     # notebooks/05_cuda_graphs.ipynb, cell 25
     def padded_size(self, num_seqs: int) -> int:

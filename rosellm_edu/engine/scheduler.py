@@ -1,26 +1,42 @@
-# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/12_speculative_decoding.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rosellm_edu.engine.block_manager import BlockManager
 from rosellm_edu.engine.parallel_sampling import ParentRequest
 from rosellm_edu.sequence import Sequence, SequenceStatus
 
 
-# notebooks/03_continuous_batching.ipynb, cell 20
+# notebooks/12_speculative_decoding.ipynb, cell 19
 @dataclass
 class ScheduledSeq:
     seq: Sequence
     num_computed: int   # positions whose K/V are already in the cache
     num_new: int        # positions this step computes
+    draft_token_ids: list[int] = field(default_factory=list)   # guesses after the sequence's end, to verify
+
+    @property
+    def end(self) -> int:
+        return self.num_computed + self.num_new
 
     @property
     def samples(self) -> bool:
-        """Does this step reach the end of the sequence, so that its last logits give a new token?"""
-        return self.num_computed + self.num_new == len(self.seq)
+        """Does this step reach the end of the sequence and its drafts, so that its logits give new tokens?"""
+        return self.end == len(self.seq) + len(self.draft_token_ids)
+
+    @property
+    def logit_positions(self) -> range:
+        """The positions whose logits are sampled: the last real token's, and each draft's (NEW)."""
+        return range(max(self.num_computed, len(self.seq) - 1), self.end) if self.samples else range(0)
+
+    def token_ids(self) -> list[int]:
+        """The tokens at the positions this step computes: the sequence's own, then its drafts."""
+        n = len(self.seq)
+        return (self.seq.token_slice(self.num_computed, min(self.end, n))
+                + self.draft_token_ids[max(0, self.num_computed - n):max(0, self.end - n)])
 
 
 # notebooks/03_continuous_batching.ipynb, cell 21
@@ -53,20 +69,26 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    # notebooks/04_paged_attention.ipynb, cell 98
-    def schedule(self) -> list[ScheduledSeq]:
+    # notebooks/12_speculative_decoding.ipynb, cell 20
+    def schedule(self, drafts: dict[str, list[int]] | None = None) -> list[ScheduledSeq]:
+        """NEW: drafts[request_id], guesses after a decoding sequence's end, go with it when blocks and budget allow."""
+        drafts = drafts or {}
         budget, batch, preemptions = self.max_num_batched_tokens, [], self.num_preemptions
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             computed = self.num_computed[seq.request_id]
-            n = min(len(seq) - computed, budget)
-            if self.make_room(seq, computed, computed + n):                                   # writes from computed
-                batch.append(ScheduledSeq(seq, computed, n))
-                budget -= n
-                i += 1
+            scheduled = self.with_drafts(seq, computed, drafts.get(seq.request_id, []), budget)
+            if scheduled is None:
+                n = min(len(seq) - computed, budget)
+                if not self.make_room(seq, computed, computed + n):                               # seq itself went
+                    continue
+                scheduled = ScheduledSeq(seq, computed, n)
+            batch.append(scheduled)
+            budget -= scheduled.num_new
+            i += 1
         while self.num_preemptions == preemptions and self.waiting and budget > 0 \
-                and len(self.running) + self.seats(self.waiting[0]) <= self.max_num_seqs:     # n seats
+                and len(self.running) + self.seats(self.waiting[0]) <= self.max_num_seqs:
             seq = self.waiting[0]
             computed = self.block_manager.allocate(seq, resumed=seq.request_id in self.preempted)
             if computed is None:
@@ -80,11 +102,12 @@ class Scheduler:
             budget -= n
         return batch
 
-    # notebooks/04_paged_attention.ipynb, cell 28
+    # notebooks/12_speculative_decoding.ipynb, cell 23
     def computed(self, batch: list[ScheduledSeq]) -> None:
         for s in batch:
-            self.num_computed[s.seq.request_id] = s.num_computed + s.num_new
-            self.block_manager.commit(s.seq, s.num_computed + s.num_new)
+            done = s.end - len(s.draft_token_ids)        # drafts are counted when accepted
+            self.num_computed[s.seq.request_id] = done
+            self.block_manager.commit(s.seq, done)
 
     # notebooks/04_paged_attention.ipynb, cell 99
     def remove(self, seq: Sequence) -> None:
@@ -149,3 +172,22 @@ class Scheduler:
         for seq in parent.samples if parent else [self.requests.get(request_id)]:
             if seq is not None and self.requests.get(seq.request_id) is seq:
                 self.remove(seq)
+
+    # notebooks/12_speculative_decoding.ipynb, cell 21
+    def with_drafts(self, seq: Sequence, computed: int, drafts: list[int], budget: int) -> ScheduledSeq | None:
+        """seq's decode with its drafts, if it decodes, has drafts, and the budget and free blocks hold them without
+        preempting anyone; None otherwise (it then decodes as before)."""
+        drafts = drafts[:budget - 1]
+        if not drafts or computed != len(seq) - 1:
+            return None
+        if not self.block_manager.ensure(seq, computed, len(seq) + len(drafts)):   # changes nothing when it fails
+            return None
+        return ScheduledSeq(seq, computed, 1 + len(drafts), drafts)
+
+    # notebooks/12_speculative_decoding.ipynb, cell 23
+    def accept(self, seq: Sequence, num_accepted: int) -> None:
+        """seq appended num_accepted drafts (and one token after them): their K/V are the sequence's now. The rejected
+        drafts' slots are written again by the next step; blocks that only they used are given back."""
+        self.num_computed[seq.request_id] += num_accepted
+        self.block_manager.commit(seq, self.num_computed[seq.request_id])     # full blocks of accepted tokens only
+        self.block_manager.trim(seq.request_id, len(seq))

@@ -5,6 +5,7 @@
 """
 
 import argparse
+import json
 import sys
 
 
@@ -27,6 +28,9 @@ def serve_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-model-len", type=int, default=None, help="a shorter context than the model's")
     parser.add_argument("--quantization", default=None, choices=["int8", "int4", "gguf"],
                         help="weight-only: int8 or int4 Linears, or the model's GGUF read as it ships (chapter 11)")
+    parser.add_argument("--speculative-config", type=json.loads, default=None,
+                        help='speculative decoding as JSON, as vLLM\'s flag: \'{"method": "ngram", '
+                             '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\'')
     parser.add_argument("--max-request-body-bytes", type=int, default=4 * 2**20,
                         help="a larger request body is refused with 413 before it is parsed (default: 4 MiB)")
     return parser.parse_args(argv)
@@ -40,7 +44,7 @@ def build_engine(args: argparse.Namespace):
                      gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
                      max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                      enable_prefix_caching=not args.no_prefix_caching, max_model_len=args.max_model_len,
-                     quantization=args.quantization)
+                     quantization=args.quantization, speculative_config=args.speculative_config)
 
 
 def serve(argv: list[str]) -> None:
