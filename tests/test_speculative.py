@@ -2,7 +2,6 @@
 distribution (chi-square), masks and logprobs of every emitted token, no lost request or leaked block, and the
 prefix cache holding only real tokens."""
 
-import inspect
 from collections import Counter
 
 import pytest
@@ -280,9 +279,22 @@ def test_a_draft_model_changes_no_greedy_output_and_frees_its_cache(plain):
     assert set(proposer.blocks.block_tables) <= {"4"} and set(proposer.fed) <= {"4"}
 
 
-def test_a_quantized_draft_needs_a_load_model_that_quantizes():
-    if "quantization" in inspect.signature(model_loader.load_model).parameters:
-        pytest.skip("load_model quantizes (chapter 11 is here): the draft loads")
-    with pytest.raises(ValueError, match="quantization"):
-        LLMEngine(dtype="float32", speculative_config={"method": "draft_model", "num_speculative_tokens": 2,
-                                                       "quantization": "int4"})
+def test_an_int4_self_draft_changes_no_greedy_output(plain):
+    llm = LLM(dtype="float32", num_kv_blocks=60, speculative_config={
+        "method": "draft_model", "model": None, "quantization": "int4", "num_speculative_tokens": 3})
+    params = [greedy(n) for n in LENGTHS]
+    for out, base in zip(llm.generate(PROMPTS, params, use_tqdm=False), plain.generate(PROMPTS, params, use_tqdm=False)):
+        assert out.outputs[0].token_ids == base.outputs[0].token_ids
+    assert llm.llm_engine.spec_stats()["acceptance_rate"] > 0.5
+    assert_no_leak(llm)
+
+
+def test_serve_speculative_config_flag_builds_a_speculating_engine():
+    from rosellm_edu.entrypoints.cli import build_engine, serve_args
+
+    args = serve_args(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}',
+                       "--num-kv-blocks", "16", "--dtype", "float32"])
+    engine = build_engine(args)
+    assert isinstance(engine.proposer, NgramProposer) and engine.speculative_config.num_speculative_tokens == 2
+    with pytest.raises(SystemExit):
+        serve_args(["--speculative-config", "{not json"])

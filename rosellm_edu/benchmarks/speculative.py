@@ -6,9 +6,8 @@ Two workloads: `repetitive` (rewrite or summarise a given text: the output copie
 prompt lookup shines) and `free` (open-ended generation, where only a draft model can guess). Greedy, EOS ignored,
 so every engine emits the same number of tokens; the script reports the share of requests whose output equals plain
 decoding's (all of them in float32; in bfloat16 a chunk's sums run in another order than a decode's, and a near-tie
-can flip). For
-each (workload, batch size, method): completion tokens/s, speed-up over plain decoding, acceptance rate and mean
-accepted length (tokens a speculating sequence gains per step).
+can flip). For each (workload, batch size, method): completion tokens/s, speed-up over plain decoding, acceptance
+rate and mean accepted length (tokens a speculating sequence gains per step).
 """
 
 from __future__ import annotations

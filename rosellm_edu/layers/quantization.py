@@ -111,18 +111,18 @@ class Int4Linear(nn.Module):
 
 
 # notebooks/11_weight_only_quantization.ipynb, cell 40
-QUANTIZATIONS = {"int8": Int8Linear, "int4": Int4Linear.from_linear}
+QUANTIZED_LINEARS = {"int8": Int8Linear, "int4": Int4Linear.from_linear}
 
 
 # notebooks/11_weight_only_quantization.ipynb, cell 40
 def quantize_model(model: nn.Module, method: str) -> nn.Module:
     """Replace every Linear of the decoder layers by its quantized copy, in place. The embedding and the LM head
     keep the model's dtype (an embedding is a table lookup, and the logits are the output)."""
-    if method not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be one of {sorted(QUANTIZATIONS)} or 'gguf', got {method!r}")
+    if method not in QUANTIZED_LINEARS:
+        raise ValueError(f"quantization must be one of {sorted(QUANTIZED_LINEARS)} or 'gguf', got {method!r}")
     for layer in model.model.layers if hasattr(model, "model") else model.h:      # Llama, or GPT-2
         for name, child in list(layer.named_modules()):
             if isinstance(child, nn.Linear):
                 parent_name, _, attr = name.rpartition(".")
-                setattr(layer.get_submodule(parent_name), attr, QUANTIZATIONS[method](child))
+                setattr(layer.get_submodule(parent_name), attr, QUANTIZED_LINEARS[method](child))
     return model

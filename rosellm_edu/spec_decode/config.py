@@ -4,13 +4,11 @@
 
 from dataclasses import dataclass
 
+from rosellm_edu.model_loader import QUANTIZATION_METHODS
+
 
 # notebooks/12_speculative_decoding.ipynb, cell 12
 METHODS = ("ngram", "draft_model")
-
-
-# notebooks/12_speculative_decoding.ipynb, cell 12
-QUANTIZATIONS = (None, "int8", "int4", "gguf")
 
 
 # notebooks/12_speculative_decoding.ipynb, cell 12
@@ -55,6 +53,6 @@ def check_values(spec: SpeculativeConfig) -> None:
     if spec.prompt_lookup_min > spec.prompt_lookup_max:
         raise ValueError(f"speculative_config['prompt_lookup_min'] ({spec.prompt_lookup_min}) must not exceed "
                          f"'prompt_lookup_max' ({spec.prompt_lookup_max})")
-    if spec.quantization not in QUANTIZATIONS:
-        raise ValueError(f"speculative_config['quantization'] must be one of {QUANTIZATIONS}, "
+    if spec.quantization not in QUANTIZATION_METHODS:
+        raise ValueError(f"speculative_config['quantization'] must be one of {QUANTIZATION_METHODS}, "
                          f"got {spec.quantization!r}")
