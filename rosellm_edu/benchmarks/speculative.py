@@ -80,10 +80,10 @@ def measure(methods: list[str], batch_sizes: list[int], workloads: list[str], ma
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'workload':<11}{'batch':>6}  {'method':<12}{'tokens/s':>9}{'speed-up':>10}{'accepted':>10}"
+    lines = [f"{'workload':<11}{'batch':>6}  {'method':<12}{'tokens/s':>11}{'speed-up':>10}{'accepted':>10}"
              f"{'mean len':>10}  same output as plain"]
     for r in rows:
-        lines.append(f"{r['workload']:<11}{r['batch_size']:>6}  {r['method']:<12}{r['tokens_per_s']:>9.1f}"
+        lines.append(f"{r['workload']:<11}{r['batch_size']:>6}  {r['method']:<12}{r['tokens_per_s']:>5.1f} tok/s"
                      f"{r['speedup']:>9.2f}x{r['acceptance_rate']:>10.0%}{r['mean_accepted_length']:>10.2f}  "
                      f"{r['same_output']:.0%}")
     return "\n".join(lines)
