@@ -16,9 +16,10 @@ from conftest import hf_greedy
 from rosellm_edu import LLM, SamplingParams, model_loader
 from rosellm_edu.entrypoints.cli import build_engine, serve_args
 from rosellm_edu.kernels import cpu_quant
-from rosellm_edu.layers.quantization import (Int4Linear, Int8Linear, dequantize_int4, dequantize_int8, pack_int4,
+from rosellm_edu.layers.quantization import (Int4Linear, Int8GroupLinear, Int8Linear, dequantize_int4,
+                                             dequantize_int8, dequantize_q8_0, pack_int4, quantize_q8_0,
                                              quantize_int4, quantize_int8, unpack_int4)
-from rosellm_edu.models.gguf import load_gguf, q4_1_tensors, unpermute_rows
+from rosellm_edu.models.gguf import load_gguf, q4_1_tensors, q8_0_tensors, unpermute_rows
 
 shapes = st.tuples(st.sampled_from([16, 32, 48]), st.sampled_from([32, 64, 96]))
 
@@ -101,6 +102,86 @@ def test_int4_kernel_rejects_bad_input_with_a_clear_error():
         cpu_quant.int4_linear_cpp(torch.randn(1, 64), pack_int4(q), d, m)
 
 
+needs_bf16_dot = pytest.mark.skipif(cpu_quant.extension() is None or not cpu_quant.has_bf16_dot(),
+                                    reason="this CPU (or build) has no AVX512-BF16")
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize("shape", [(16, 32), (32, 96), (64, 160), (576, 576), (96, 1536)])   # 1, 3, 5, 18, 48 groups
+def test_bf16_dot_loop_equals_the_portable_loop_and_a_float32_matmul(shape):
+    q, d, m = quantize_int4(weight(shape, shape[1], 0.05))
+    x = weight((1, shape[1]), 11).bfloat16()
+    expected = x.float() @ dequantize_int4(q, d, m).T
+    dot = cpu_quant.extension().int4_linear_bf16(x, pack_int4(q), d, m)
+    portable = cpu_quant.extension().int4_linear(x, pack_int4(q), d, m)
+    torch.testing.assert_close(dot.float(), expected, atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(dot.float(), portable.float(), atol=2e-2, rtol=1e-2)
+    assert torch.equal(cpu_quant.int4_linear_cpp(x, pack_int4(q), d, m), dot)      # one bfloat16 row takes it
+
+
+@needs_bf16_dot
+def test_bf16_dot_loop_rejects_what_it_does_not_run():
+    q, d, m = quantize_int4(weight((16, 64), 0))
+    with pytest.raises(RuntimeError, match="one bfloat16 row"):
+        cpu_quant.extension().int4_linear_bf16(torch.randn(2, 64).bfloat16(), pack_int4(q), d, m)
+    with pytest.raises(RuntimeError, match="one bfloat16 row"):
+        cpu_quant.extension().int4_linear_bf16(torch.randn(1, 64), pack_int4(q), d, m)
+
+
+@given(shapes, st.integers(0, 2**16), st.sampled_from([1e-3, 1.0, 50.0]))
+def test_q8_0_is_within_half_a_step_of_every_weight(shape, seed, scale):
+    w = weight(shape, seed, scale)
+    q, d = quantize_q8_0(w)
+    step = d.float().repeat_interleave(32, dim=1)
+    assert ((dequantize_q8_0(q, d) - w).abs() <= step / 2 + 1e-3 * step + 1e-7).all()
+
+
+def test_q8_0_finds_the_grid_a_q8_0_file_stored(gguf_tensors):
+    qs, d = q8_0_tensors(gguf_tensors["token_embd.weight"].data)
+    q, d2 = quantize_q8_0(dequantize_q8_0(qs[:512], d[:512]))
+    assert torch.equal(q, qs[:512]) and torch.equal(d2, d[:512])
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_q8_0_kernel_equals_a_float32_matmul_of_the_dequantized_weight(dtype, rows):
+    q, d = quantize_q8_0(weight((96, 576), rows, 0.05))
+    x = weight((rows, 576), 5).to(dtype)
+    got = cpu_quant.int8_linear_cpp(x, q, d)
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(got.float(), x.float() @ dequantize_q8_0(q, d).T, **tol)
+    assert torch.equal(cpu_quant.int8_dequantize_cpp(q, d, dtype), dequantize_q8_0(q, d).to(dtype))
+    with pytest.raises(RuntimeError, match="int8"):
+        cpu_quant.int8_linear_cpp(x, q.view(torch.uint8), d)
+
+
+def test_int8_group_linear_runs_every_path_to_the_same_numbers(monkeypatch):
+    linear = nn.Linear(64, 40, bias=False)                        # 40 rows: not a multiple of 16, no kernel
+    head = Int8GroupLinear.from_linear(linear)
+    for rows in (1, 9):
+        x = weight((rows, 64), rows)
+        expected = F.linear(x, dequantize_q8_0(head.qs, head.d))
+        torch.testing.assert_close(head(x), expected, atol=1e-4, rtol=1e-4)
+        monkeypatch.setattr(cpu_quant, "extension", lambda: None)
+        torch.testing.assert_close(head(x), expected, atol=1e-4, rtol=1e-4)
+        monkeypatch.undo()
+    with pytest.raises(ValueError, match="bias"):
+        Int8GroupLinear.from_linear(nn.Linear(64, 32))
+
+
+def test_quantize_model_takes_a_llama_head_and_leaves_gpt2_tied():
+    from rosellm_edu.benchmarks.decode import load, weight_bytes
+
+    gpt2 = load("gpt2", torch.float32, torch.device("cpu"), "int4")
+    assert isinstance(gpt2.h[0].mlp.c_fc, Int4Linear) and not hasattr(gpt2, "lm_head")
+    assert weight_bytes(gpt2) > gpt2.wte.weight.numel() * 4                     # its table is its head: counted
+    llama = model_loader.load_model(model_loader.resolve_model(), torch.float32, quantization="int4")
+    assert isinstance(llama.lm_head, Int8GroupLinear)
+    head = llama.lm_head.qs.numel() + 2 * llama.lm_head.d.numel()
+    assert weight_bytes(llama) == weight_bytes(llama.model.layers) + head + 4 * llama.model.norm.weight.numel()
+
+
 @pytest.mark.parametrize("rows", [1, 3, 9])
 @pytest.mark.parametrize("bias", [False, True])
 def test_quantized_linears_equal_f_linear_on_their_dequantized_weights(rows, bias, monkeypatch):
@@ -139,9 +220,11 @@ def test_q4_1_blocks_read_as_the_gguf_package_dequantizes_them(gguf_tensors):
     assert np.array_equal(ours, gguf_dequantize(t.data, GGMLQuantizationType.Q4_1).astype(np.float32))
 
 
-def test_the_gguf_model_computes_what_the_converted_float32_model_computes(embedded_dir, our_model):
+def test_the_gguf_model_computes_what_the_converted_float32_model_computes(embedded_dir, our_model, gguf_tensors):
     gguf_model = load_gguf(model_loader.embedded_gguf(), our_model.config, torch.float32)
     assert all(isinstance(layer.mlp.down_proj, Int4Linear) for layer in gguf_model.model.layers)
+    qs, d = q8_0_tensors(gguf_tensors["token_embd.weight"].data)              # the tied head, as the file stores it
+    assert torch.equal(gguf_model.lm_head.qs, qs) and torch.equal(gguf_model.lm_head.d, d)
     ids = torch.arange(100, 164)
     with torch.no_grad():
         ours = gguf_model.compute_logits(gguf_model(ids, torch.arange(64)))

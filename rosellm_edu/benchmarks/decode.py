@@ -58,11 +58,15 @@ def load(name: str, dtype: torch.dtype, device: torch.device, quantization: str 
 
 
 def weight_bytes(model) -> int:
-    """Bytes of weights a decode step reads: every parameter and stored buffer once (a tied LM head is the
-    embedding; a quantized layer's packed weight and scales are buffers)."""
+    """Bytes of weights a decode step reads: every parameter and stored buffer once (a quantized layer's packed
+    weight and scales are buffers), but for an embedding table, of which a step reads a few rows, unless it is
+    also the LM head (tied, or GPT-2's)."""
+    head = model.lm_head if hasattr(model, "lm_head") else getattr(model, "wte", None)
+    heads = set() if head is None else {t.data_ptr() for t in head.state_dict().values()}
+    lookups = {m.weight.data_ptr() for m in model.modules() if isinstance(m, torch.nn.Embedding)} - heads
     tensors = {t.data_ptr(): t for t in [*model.parameters(), *model.buffers(recurse=True)]}
     stored = {t.data_ptr() for t in model.state_dict().values()}     # not the rotary tables, which are not weights
-    return sum(t.numel() * t.element_size() for ptr, t in tensors.items() if ptr in stored)
+    return sum(t.numel() * t.element_size() for ptr, t in tensors.items() if ptr in stored and ptr not in lookups)
 
 
 def decode_batch(num_seqs: int, context: int, length: int, block_size: int, vocab_size: int, gen):

@@ -253,7 +253,7 @@ def rotary_cpp(positions, q, k, cos, sin):
     return q, k
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 38
+# notebooks/11_weight_only_quantization.ipynb, cell 39
 def torch_linear(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
     """x (rows, in_features) -> (rows, out_features): F.linear for an nn.Linear; a quantized layer multiplies by
     its packed weight itself."""
@@ -336,7 +336,7 @@ def few_rows_linear_cpp(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
 FEW_ROWS = 4                 # up to this many rows, a bfloat16 matmul goes to the kernel (the lines above)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 38
+# notebooks/11_weight_only_quantization.ipynb, cell 39
 def linear_cpp(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
     """The few-rows kernel where chapter 10 measured it ahead (bfloat16, <= FEW_ROWS rows), else torch_linear."""
     if (isinstance(layer, nn.Linear) and x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] <= FEW_ROWS
@@ -355,11 +355,11 @@ class PointwiseOps:
     linear: Callable         # (x (tokens, in_features), nn.Linear) -> (tokens, out_features)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 39
+# notebooks/11_weight_only_quantization.ipynb, cell 40
 TORCH_OPS = PointwiseOps(add_rms_norm_reference, silu_and_mul_reference, rotary_reference, torch_linear)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 39
+# notebooks/11_weight_only_quantization.ipynb, cell 40
 CPP_OPS = PointwiseOps(add_rms_norm_cpp, silu_and_mul_cpp, rotary_cpp, linear_cpp)
 
 

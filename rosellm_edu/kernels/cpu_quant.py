@@ -17,29 +17,42 @@ typedef int32_t i32x16 __attribute__((vector_size(64)));
 // 16 nibbles as floats, through int32 (a direct uint8 -> float conversion compiles to one lane at a time).
 inline v16 to_float(u8x16 q) { return __builtin_convertvector(__builtin_convertvector(q, i32x16), v16); }
 
-// 16 floats stored as T: float32 as they are, bfloat16 rounded to nearest even, both as whole vectors.
+// 16 floats stored as T. bfloat16 rounds as chapter 10's float_to_bf16_bits rounds one float (to nearest even, a
+// NaN stays a NaN), here on the whole vector at once: a loop calling that function does not vectorise.
 inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
 inline void store16(at::BFloat16* p, v16 v) {
   typedef uint32_t u32x16 __attribute__((vector_size(64)));
   typedef uint16_t u16x16 __attribute__((vector_size(32)));
   u32x16 u;
   std::memcpy(&u, &v, sizeof v);
-  const u16x16 b = __builtin_convertvector((u + 0x7fffu + ((u >> 16) & 1u)) >> 16, u16x16);
+  const u32x16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, nan = u - u + 0x7fc0u;
+  const u16x16 b = __builtin_convertvector(v != v ? nan : rounded, u16x16);
   std::memcpy(p, &b, sizeof b);
 }
+
+// GGUF's Q4_1: group i (column n, group g at i = n * G + g) is 16 bytes of nibbles, element j < 16 in the low
+// nibble of byte j and element j + 16 in its high nibble, with a float16 scale d and minimum m: w = q * d + m.
+struct Q4_1 {
+  const uint8_t* qs;
+  const _Float16 *d, *m;
+  float scale(int64_t i) const { return d[i]; }
+  float min(int64_t i) const { return m[i]; }
+  void load(int64_t i, v16& lo, v16& hi) const {      // elements 0..15 and 16..31 of group i, as floats
+    const u8x16 q = *reinterpret_cast<const u8x16*>(qs + i * 16);
+    lo = to_float(q & 15), hi = to_float(q >> 4);
+  }
+};
 """
 
 
 # notebooks/11_weight_only_quantization.ipynb, cell 24
 SOURCE += r"""
-// y (M, N) = x (M, K) @ W^T, W in 4-bit groups of 32: W[n, 32g + j] = q * d[n, g] + m[n, g], with q the low nibble
-// of byte j of group g for j < 16, the high nibble of byte j - 16 after (GGUF's Q4_1 order).
-template <typename T, int M>
-void int4_few_rows(const T* x, const uint8_t* qs, const at::Half* d, const at::Half* m, T* y, int64_t N, int64_t K) {
+// y (M, N) = x (M, K) @ W^T, W in groups of 32 read through `w` (a format struct such as Q4_1), once.
+template <typename T, int M, typename W>
+void groups_few_rows(const T* x, const W& w, T* y, int64_t N, int64_t K) {
   const int64_t G = K / 32;
   std::vector<float> xf(M * K), xsum(M * G, 0.f);              // x as floats, and its sum over each group
   for (int64_t i = 0; i < M * K; ++i) xf[i] = load(x, i), xsum[i / 32] += xf[i];
-  const _Float16 *dh = reinterpret_cast<const _Float16*>(d), *mh = reinterpret_cast<const _Float16*>(m);
   at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
     v16 part[M][16]; float low[M][16];                           // (row, column): q * d * x, and m * sum(x)
     for (int64_t b = begin; b < end; ++b) {
@@ -49,9 +62,9 @@ void int4_few_rows(const T* x, const uint8_t* qs, const at::Half* d, const at::H
         for (int64_t g = 0; g < G; ++g)
           for (int c = 0; c < 4; ++c) {
             const int64_t i = (b * 16 + t + c) * G + g;
-            const u8x16 q = *reinterpret_cast<const u8x16*>(qs + i * 16);
-            const v16 lo = to_float(q & 15), hi = to_float(q >> 4);
-            const float dg = float(dh[i]), mg = float(mh[i]);
+            v16 lo, hi;
+            w.load(i, lo, hi);
+            const float dg = w.scale(i), mg = w.min(i);
             for (int r = 0; r < M; ++r) {
               const v16* xr = reinterpret_cast<const v16*>(xf.data() + r * K + g * 32);
               acc[c][r] += dg * (xr[0] * lo + xr[1] * hi);
@@ -74,16 +87,15 @@ void int4_few_rows(const T* x, const uint8_t* qs, const at::Half* d, const at::H
 
 # notebooks/11_weight_only_quantization.ipynb, cell 26
 SOURCE += r"""
-template <typename T>
-void int4_dequantize(const uint8_t* qs, const at::Half* d, const at::Half* m, T* w, int64_t N, int64_t K) {
-  const int64_t G = K / 32;
-  const _Float16 *dh = reinterpret_cast<const _Float16*>(d), *mh = reinterpret_cast<const _Float16*>(m);
-  at::parallel_for(0, N * G, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {                     // group i = n * G + g, written at w + 32 i
-      const u8x16 q = *reinterpret_cast<const u8x16*>(qs + i * 16);
-      const float dg = float(dh[i]), mg = float(mh[i]);
-      store16(w + i * 32, to_float(q & 15) * dg + mg);
-      store16(w + i * 32 + 16, to_float(q >> 4) * dg + mg);
+template <typename T, typename W>
+void dequantize_groups(const W& w, T* out, int64_t N, int64_t K) {
+  at::parallel_for(0, N * (K / 32), 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {                     // group i = n * G + g, written at out + 32 i
+      v16 lo, hi;
+      w.load(i, lo, hi);
+      const float dg = w.scale(i), mg = w.min(i);
+      store16(out + i * 32, lo * dg + mg);
+      store16(out + i * 32 + 16, hi * dg + mg);
     }
   });
 }
@@ -92,57 +104,230 @@ void int4_dequantize(const uint8_t* qs, const at::Half* d, const at::Half* m, T*
 
 # notebooks/11_weight_only_quantization.ipynb, cell 27
 SOURCE += r"""
-void check_int4(const torch::Tensor& qs, const torch::Tensor& d, const torch::Tensor& m) {
-  TORCH_CHECK(qs.device().is_cpu() && qs.scalar_type() == at::kByte && qs.dim() == 3 && qs.size(2) == 16 &&
-              qs.is_contiguous(), "qs must be a contiguous CPU uint8 (N, K / 32, 16) tensor, got ", qs.sizes());
-  TORCH_CHECK(qs.size(0) % 16 == 0, "out_features must be a multiple of 16, got ", qs.size(0));
-  for (const auto* t : {&d, &m})
-    TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() && t->dim() == 2 && t->size(0) == qs.size(0) &&
-                t->size(1) == qs.size(1), "d and m must be contiguous float16 (N, K / 32) tensors");
+template <typename T, typename W>      // the row count as a template argument, so each row's sums stay in registers
+void few_rows(const T* x, const W& w, T* y, int64_t M, int64_t N, int64_t K) {
+  auto f = M == 1 ? groups_few_rows<T, 1, W> : M == 2 ? groups_few_rows<T, 2, W> : M == 3 ? groups_few_rows<T, 3, W>
+                                                                                            : groups_few_rows<T, 4, W>;
+  f(x, w, y, N, K);
 }
 
-torch::Tensor int4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch::Tensor m) {
+// The two entry points for any format: x (rows <= 4, G * 32) @ W^T for W (N, G groups), and W expanded to dtype.
+void check_linear(const torch::Tensor& x, int64_t N, int64_t G) {
   check_rows(x, "x");
-  check_int4(qs, d, m);
   TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= 4, "x must have 1 to 4 rows, got ", x.size(0));
-  TORCH_CHECK(x.size(1) == qs.size(1) * 32, "x has ", x.size(1), " columns but the weight ", qs.size(1) * 32);
-  auto y = torch::empty({x.size(0), qs.size(0)}, x.options());
-  DISPATCH(x.scalar_type(), "int4_linear", [&] {
-    auto f = x.size(0) == 1 ? int4_few_rows<scalar_t, 1> : x.size(0) == 2 ? int4_few_rows<scalar_t, 2>
-           : x.size(0) == 3 ? int4_few_rows<scalar_t, 3> : int4_few_rows<scalar_t, 4>;
-    f(x.data_ptr<scalar_t>(), qs.data_ptr<uint8_t>(), d.data_ptr<at::Half>(), m.data_ptr<at::Half>(),
-      y.data_ptr<scalar_t>(), qs.size(0), x.size(1));
+  TORCH_CHECK(N % 16 == 0, "out_features must be a multiple of 16, got ", N);
+  TORCH_CHECK(x.size(1) == G * 32, "x has ", x.size(1), " columns but the weight ", G * 32);
+}
+
+template <typename W>
+torch::Tensor groups_linear(const torch::Tensor& x, const W& w, int64_t N, int64_t G) {
+  check_linear(x, N, G);
+  auto y = torch::empty({x.size(0), N}, x.options());
+  DISPATCH(x.scalar_type(), "groups_linear", [&] {
+    few_rows(x.data_ptr<scalar_t>(), w, y.data_ptr<scalar_t>(), x.size(0), N, x.size(1));
   });
   return y;
 }
 
-torch::Tensor int4_dequantize_out(torch::Tensor qs, torch::Tensor d, torch::Tensor m, at::ScalarType dtype) {
-  check_int4(qs, d, m);
-  auto w = torch::empty({qs.size(0), qs.size(1) * 32}, qs.options().dtype(dtype));
-  DISPATCH(dtype, "int4_dequantize", [&] {
-    int4_dequantize<scalar_t>(qs.data_ptr<uint8_t>(), d.data_ptr<at::Half>(), m.data_ptr<at::Half>(),
-                              w.data_ptr<scalar_t>(), qs.size(0), qs.size(1) * 32);
-  });
-  return w;
+template <typename W>
+torch::Tensor groups_dequantize(const W& w, int64_t N, int64_t G, at::ScalarType dtype) {
+  auto out = torch::empty({N, G * 32}, torch::dtype(dtype));
+  DISPATCH(dtype, "groups_dequantize", [&] { dequantize_groups(w, out.data_ptr<scalar_t>(), N, G * 32); });
+  return out;
 }
 """
 
 
 # notebooks/11_weight_only_quantization.ipynb, cell 28
+SOURCE += r"""
+Q4_1 check_q4_1(const torch::Tensor& qs, const torch::Tensor& d, const torch::Tensor& m) {
+  TORCH_CHECK(qs.device().is_cpu() && qs.scalar_type() == at::kByte && qs.dim() == 3 && qs.size(2) == 16 &&
+              qs.is_contiguous(), "qs must be a contiguous CPU uint8 (N, K / 32, 16) tensor, got ", qs.sizes());
+  for (const auto* t : {&d, &m})
+    TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() && t->dim() == 2 && t->size(0) == qs.size(0) &&
+                t->size(1) == qs.size(1), "d and m must be contiguous float16 (N, K / 32) tensors");
+  return {qs.data_ptr<uint8_t>(), reinterpret_cast<const _Float16*>(d.data_ptr<at::Half>()),
+          reinterpret_cast<const _Float16*>(m.data_ptr<at::Half>())};
+}
+
+torch::Tensor int4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch::Tensor m) {
+  return groups_linear(x, check_q4_1(qs, d, m), qs.size(0), qs.size(1));
+}
+
+torch::Tensor int4_dequantize_out(torch::Tensor qs, torch::Tensor d, torch::Tensor m, at::ScalarType dtype) {
+  return groups_dequantize(check_q4_1(qs, d, m), qs.size(0), qs.size(1), dtype);
+}
+"""
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 52
 @functools.cache
 def extension():
-    """The 4-bit kernels, or None where they cannot be built (the layers then de-quantize with PyTorch ops)."""
-    return build_cpp("rosellm_edu_int4", SOURCE, ["int4_linear", "int4_dequantize_out"],
-                     "4-bit layers de-quantize with PyTorch ops instead", extra_cflags=("-fno-trapping-math",))
+    """The 4-bit and 8-bit kernels, or None where they cannot be built (the layers then de-quantize with PyTorch
+    ops)."""
+    return build_cpp("rosellm_edu_int4", SOURCE, ["int4_linear", "int4_dequantize_out", "int8_linear",
+                                                  "int8_dequantize_out", "int4_linear_bf16", "has_bf16_dot"],
+                     "quantized layers de-quantize with PyTorch ops instead", extra_cflags=("-fno-trapping-math",))
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 28
+# notebooks/11_weight_only_quantization.ipynb, cell 52
 def int4_linear_cpp(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """x (rows <= 4, K) @ W^T for W packed as qs (N, K/32, 16), d and m (N, K/32): W is read once, as 4 bits."""
+    """x (rows <= 4, K) @ W^T for W packed as qs (N, K/32, 16), d and m (N, K/32): W is read once, as 4 bits.
+    One bfloat16 row takes the CPU's bfloat16 dot product where it has one."""
+    if x.dtype == torch.bfloat16 and x.shape[0] == 1 and has_bf16_dot():
+        return extension().int4_linear_bf16(x.contiguous(), qs, d, m)
     return extension().int4_linear(x.contiguous(), qs, d, m)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 28
+# notebooks/11_weight_only_quantization.ipynb, cell 29
 def int4_dequantize_cpp(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """W (N, K) in dtype, one pass over the packed weight."""
     return extension().int4_dequantize_out(qs, d, m, dtype)
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 45
+SOURCE += r"""
+typedef int8_t i8x16 __attribute__((vector_size(16), aligned(1)));
+inline v16 to_float(i8x16 q) { return __builtin_convertvector(__builtin_convertvector(q, i32x16), v16); }
+
+// GGUF's Q8_0: group i is 32 int8 and a float16 scale d: w = q * d.
+struct Q8_0 {
+  const int8_t* qs;
+  const _Float16* d;
+  float scale(int64_t i) const { return d[i]; }
+  float min(int64_t) const { return 0.f; }
+  void load(int64_t i, v16& lo, v16& hi) const {
+    const i8x16* q = reinterpret_cast<const i8x16*>(qs + i * 32);
+    lo = to_float(q[0]), hi = to_float(q[1]);
+  }
+};
+
+Q8_0 check_q8_0(const torch::Tensor& qs, const torch::Tensor& d) {
+  TORCH_CHECK(qs.device().is_cpu() && qs.scalar_type() == at::kChar && qs.dim() == 3 && qs.size(2) == 32 &&
+              qs.is_contiguous(), "qs must be a contiguous CPU int8 (N, K / 32, 32) tensor, got ", qs.sizes());
+  TORCH_CHECK(d.scalar_type() == at::kHalf && d.is_contiguous() && d.dim() == 2 && d.size(0) == qs.size(0) &&
+              d.size(1) == qs.size(1), "d must be a contiguous float16 (N, K / 32) tensor");
+  return {qs.data_ptr<int8_t>(), reinterpret_cast<const _Float16*>(d.data_ptr<at::Half>())};
+}
+
+torch::Tensor int8_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d) {
+  return groups_linear(x, check_q8_0(qs, d), qs.size(0), qs.size(1));
+}
+
+torch::Tensor int8_dequantize_out(torch::Tensor qs, torch::Tensor d, at::ScalarType dtype) {
+  return groups_dequantize(check_q8_0(qs, d), qs.size(0), qs.size(1), dtype);
+}
+"""
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 49
+SOURCE += r"""
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+#include <immintrin.h>
+// One bfloat16 row x in the order int4_row_bf16 reads it. Block b (groups 4b..4b+3) is 4 vectors of 32: vector c
+// holds elements 8c..8c+7 of each of the 4 groups, group 4b + L in 128-bit lane L. xs holds each group's sum of
+// x, a quarter on each of its group's 4 float lanes.
+void arrange_row(const uint16_t* x, int64_t G, uint16_t* xr, float* xs) {
+  for (int64_t g = 0; g < G; ++g) {
+    float sum = 0.f;
+    for (int j = 0; j < 32; ++j) {
+      xr[(g / 4 * 4 + j / 8) * 32 + g % 4 * 8 + j % 8] = x[g * 32 + j];
+      sum += bf16_bits_to_float(x[g * 32 + j]);
+    }
+    for (int l = 0; l < 4; ++l) xs[g / 4 * 16 + g % 4 * 4 + l] = sum / 4;
+  }
+}
+
+// The float16 values p[0..n) of n <= 4 groups, each on its group's 4 lanes; zeros past n.
+inline __m512 group_lanes(const _Float16* p, int n) {
+  const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  return _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_maskz_loadu_epi16((1u << n) - 1, p))));
+}
+#endif
+"""
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 50
+SOURCE += r"""
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+// y (1, N) = x (1, K) @ W^T for Q4_1 W and one bfloat16 row x, four groups per step, four columns at once.
+void int4_row_bf16(const at::BFloat16* x, const Q4_1& w, at::BFloat16* y, int64_t N, int64_t K) {
+  const int64_t G = K / 32, B = (G + 3) / 4;                    // blocks of 4 groups, the last one maybe partial
+  std::vector<uint16_t> xr(B * 128, 0);                          // zeros past the last group: they add nothing
+  std::vector<float> xs(B * 16, 0.f);
+  arrange_row(reinterpret_cast<const uint16_t*>(x), G, xr.data(), xs.data());
+  const __m512i low4 = _mm512_set1_epi8(0x0f), high = _mm512_set1_epi8(0x43);
+  at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
+    v16 part[16];
+    for (int64_t nb = begin; nb < end; ++nb) {
+      for (int64_t t = 0; t < 16; t += 4) {
+        __m512 acc[4] = {};
+        for (int64_t b = 0; b < B; ++b) {
+          const int n = int(std::min<int64_t>(G - 4 * b, 4));    // groups in this block
+          const __mmask64 bytes = n == 4 ? ~__mmask64(0) : (__mmask64(1) << (16 * n)) - 1;
+          for (int c = 0; c < 4; ++c) {
+            const int64_t i = (nb * 16 + t + c) * G + 4 * b;     // the block's first group in column nb*16 + t + c
+            const __m512i q = _mm512_maskz_loadu_epi8(bytes, w.qs + i * 16);
+            const __m512i lo = q & low4, hi = _mm512_srli_epi16(q, 4) & low4;   // elements 0..15, 16..31
+            const __m512i v[4] = {_mm512_unpacklo_epi8(lo, high), _mm512_unpackhi_epi8(lo, high),
+                                  _mm512_unpacklo_epi8(hi, high), _mm512_unpackhi_epi8(hi, high)};
+            __m512 s = _mm512_setzero_ps();                       // sum of x * (128 + q) per group, on 4 lanes
+            for (int k = 0; k < 4; ++k)
+              s = _mm512_dpbf16_ps(s, (__m512bh)v[k], (__m512bh)_mm512_loadu_si512(&xr[b * 128 + 32 * k]));
+            const __m512 d = group_lanes(w.d + i, n), m = group_lanes(w.m + i, n);
+            const __m512 low = _mm512_fnmadd_ps(d, _mm512_set1_ps(128.f), m);   // m - 128 d
+            acc[c] = _mm512_fmadd_ps(s, d, _mm512_fmadd_ps(low, _mm512_loadu_ps(&xs[b * 16]), acc[c]));
+          }
+        }
+        for (int c = 0; c < 4; ++c) part[t + c] = (v16)acc[c];
+      }
+      store16(y + nb * 16, sum16(part));
+    }
+  });
+}
+#endif
+"""
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 51
+SOURCE += r"""
+bool has_bf16_dot() {
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+torch::Tensor int4_linear_bf16(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch::Tensor m) {
+  TORCH_CHECK(has_bf16_dot(), "int4_linear_bf16 needs AVX512-BF16, which this build of the kernels lacks");
+  const Q4_1 w = check_q4_1(qs, d, m);
+  check_linear(x, qs.size(0), qs.size(1));
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.size(0) == 1, "x must be one bfloat16 row, got ", x.sizes(),
+              " ", x.scalar_type());
+  auto y = torch::empty({1, qs.size(0)}, x.options());
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+  int4_row_bf16(x.data_ptr<at::BFloat16>(), w, y.data_ptr<at::BFloat16>(), qs.size(0), x.size(1));
+#endif
+  return y;
+}
+"""
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 52
+@functools.cache
+def has_bf16_dot() -> bool:
+    """Whether the kernels were built for a CPU with AVX512-BF16 (the compiler targets the machine it runs on)."""
+    return extension().has_bf16_dot()
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 52
+def int8_linear_cpp(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """x (rows <= 4, K) @ W^T for W in Q8_0 groups: qs (N, K/32, 32) int8, d (N, K/32) float16."""
+    return extension().int8_linear(x.contiguous(), qs, d)
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 52
+def int8_dequantize_cpp(qs: torch.Tensor, d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """W (N, K) in dtype, one pass over the Q8_0 groups."""
+    return extension().int8_dequantize_out(qs, d, dtype)

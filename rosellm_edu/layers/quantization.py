@@ -82,7 +82,7 @@ def unpack_int4(qs: torch.Tensor) -> torch.Tensor:
     return torch.cat([qs & 15, qs >> 4], dim=-1).view(qs.shape[0], -1)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 30
+# notebooks/11_weight_only_quantization.ipynb, cell 31
 class Int4Linear(nn.Module):
     """nn.Linear with its weight in 4-bit groups of 32, packed as GGUF's Q4_1 packs them."""
 
@@ -110,19 +110,63 @@ class Int4Linear(nn.Module):
         return F.linear(x, w, self.bias)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 40
+# notebooks/11_weight_only_quantization.ipynb, cell 41
 QUANTIZED_LINEARS = {"int8": Int8Linear, "int4": Int4Linear.from_linear}
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 40
+# notebooks/11_weight_only_quantization.ipynb, cell 58
 def quantize_model(model: nn.Module, method: str) -> nn.Module:
-    """Replace every Linear of the decoder layers by its quantized copy, in place. The embedding and the LM head
-    keep the model's dtype (an embedding is a table lookup, and the logits are the output)."""
+    """Replace every Linear of the decoder layers by its quantized copy and a Llama's LM head by 8-bit groups, in
+    place. The embedding keeps the model's dtype: a lookup reads only the rows of the step's tokens."""
     if method not in QUANTIZED_LINEARS:
-        raise ValueError(f"quantization must be one of {sorted(QUANTIZED_LINEARS)} or 'gguf', got {method!r}")
+        raise ValueError(f"quantize_model takes one of {sorted(QUANTIZED_LINEARS)}, got {method!r}")
     for layer in model.model.layers if hasattr(model, "model") else model.h:      # Llama, or GPT-2
         for name, child in list(layer.named_modules()):
             if isinstance(child, nn.Linear):
-                parent_name, _, attr = name.rpartition(".")
-                setattr(layer.get_submodule(parent_name), attr, QUANTIZED_LINEARS[method](child))
+                layer.set_submodule(name, QUANTIZED_LINEARS[method](child))
+    if isinstance(getattr(model, "lm_head", None), nn.Linear):          # GPT-2's head is its embedding table
+        model.lm_head = Int8GroupLinear.from_linear(model.lm_head)
     return model
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 46
+def quantize_q8_0(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric, in groups of 32 with a float16 scale, as GGUF's Q8_0: w (N, K) ~ q (N, K/32, 32) int8 * d
+    (N, K/32); q is computed against the rounded d, as in quantize_int4."""
+    N, K = w.shape
+    if K % 32:
+        raise ValueError(f"in_features={K} is not a multiple of the group size 32")
+    wg = w.float().view(N, K // 32, 32)                                         # (N, groups, 32)
+    d = (wg.abs().amax(dim=-1) / 127).half()
+    q = torch.round(wg / d.float().clamp_min(1e-12).unsqueeze(-1)).clamp(-127, 127).to(torch.int8)
+    return q, d
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 46
+def dequantize_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """q (N, groups, 32), d (N, groups) -> w (N, groups * 32) float32."""
+    return (q.float() * d.float().unsqueeze(-1)).view(q.shape[0], -1)
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 47
+class Int8GroupLinear(nn.Module):
+    """nn.Linear without bias, its weight in 8-bit groups of 32 as GGUF's Q8_0: the LM head's format here."""
+
+    def __init__(self, in_features: int, out_features: int, qs: torch.Tensor, d: torch.Tensor):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("qs", qs)                               # (N, K/32, 32) int8
+        self.register_buffer("d", d)                                 # (N, K/32) float16: the groups' scales
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "Int8GroupLinear":
+        if linear.bias is not None:
+            raise ValueError("Int8GroupLinear holds no bias; this Linear has one")
+        return cls(linear.in_features, linear.out_features, *quantize_q8_0(linear.weight.detach()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:             # x: (rows, K) -> (rows, N)
+        if x.device.type == "cpu" and x.dim() == 2 and cpu_quant.extension() is not None:
+            if x.shape[0] <= FEW_ROWS and self.out_features % 16 == 0:
+                return cpu_quant.int8_linear_cpp(x, self.qs, self.d)
+            return F.linear(x, cpu_quant.int8_dequantize_cpp(self.qs, self.d, x.dtype))
+        return F.linear(x, dequantize_q8_0(self.qs, self.d).to(x.dtype))                 # a GPU, or no compiler
