@@ -187,8 +187,9 @@ def int4_dequantize_cpp(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor, dtyp
 
 # notebooks/11_weight_only_quantization.ipynb, cell 45
 SOURCE += r"""
-typedef int8_t i8x16 __attribute__((vector_size(16), aligned(1)));
-inline v16 to_float(i8x16 q) { return __builtin_convertvector(__builtin_convertvector(q, i32x16), v16); }
+// 16 int8 as floats. GCC widens signed bytes read from memory one lane at a time, so flip each sign bit instead
+// (q + 128, unsigned), widen as the nibbles are widened, and take the 128 back off.
+inline v16 int8_to_float(u8x16 b) { return to_float(b ^ 0x80) - 128.f; }
 
 // GGUF's Q8_0: group i is 32 int8 and a float16 scale d: w = q * d.
 struct Q8_0 {
@@ -197,8 +198,8 @@ struct Q8_0 {
   float scale(int64_t i) const { return d[i]; }
   float min(int64_t) const { return 0.f; }
   void load(int64_t i, v16& lo, v16& hi) const {
-    const i8x16* q = reinterpret_cast<const i8x16*>(qs + i * 32);
-    lo = to_float(q[0]), hi = to_float(q[1]);
+    const u8x16* q = reinterpret_cast<const u8x16*>(qs + i * 32);
+    lo = int8_to_float(q[0]), hi = int8_to_float(q[1]);
   }
 };
 
