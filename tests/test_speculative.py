@@ -255,6 +255,9 @@ def test_ngram_proposer_takes_the_longest_latest_match():
     ({"method": "ngram", "num_speculative_tokens": 2, "model": "x"}, "'model'"),
     ({"method": "draft_model", "num_speculative_tokens": 2, "quantization": "int3"}, "'quantization'"),
     ({"method": "draft_model", "num_speculative_tokens": 2, "prompt_lookup_max": 3}, "prompt_lookup_max"),
+    ({"method": "draft_model", "num_speculative_tokens": 2, "dtype": "int4"}, "'dtype'"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "dtype": "bfloat16"}, "'dtype'"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0}, "'disable_by_batch_size'"),
     ("ngram", "dict"),
 ])
 def test_bad_speculative_configs_are_refused_naming_the_key(config, words):
@@ -287,6 +290,30 @@ def test_an_int4_self_draft_changes_no_greedy_output(plain):
         assert out.outputs[0].token_ids == base.outputs[0].token_ids
     assert llm.llm_engine.spec_stats()["acceptance_rate"] > 0.5
     assert_no_leak(llm)
+
+
+def test_an_int4_bfloat16_draft_for_a_float32_target_changes_no_greedy_output(plain):
+    llm = LLM(dtype="float32", num_kv_blocks=60, speculative_config={
+        "method": "draft_model", "model": None, "quantization": "int4", "dtype": "bfloat16",
+        "num_speculative_tokens": 3})
+    assert llm.llm_engine.proposer.model.lm_head.d.dtype == torch.float16             # Q8_0 head, chapter 11
+    assert llm.llm_engine.proposer.runner.kv_cache.k.dtype == torch.bfloat16
+    params = [greedy(n) for n in LENGTHS]
+    for out, base in zip(llm.generate(PROMPTS, params, use_tqdm=False), plain.generate(PROMPTS, params, use_tqdm=False)):
+        assert out.outputs[0].token_ids == base.outputs[0].token_ids
+    assert llm.llm_engine.spec_stats()["acceptance_rate"] > 0.5
+    assert_no_leak(llm)
+
+
+def test_disable_by_batch_size_turns_drafts_off_above_that_many_running_sequences(plain):
+    llm = LLM(dtype="float32", block_size=4, speculative_config={**NGRAM, "disable_by_batch_size": 2})
+    params = [greedy(24)] * len(PROMPTS)                                            # all run to the end together
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)                            # more than 2 at once: plain
+    assert llm.llm_engine.spec_stats()["num_draft_tokens"] == 0
+    for out, base in zip(outs, plain.generate(PROMPTS, params, use_tqdm=False)):
+        assert out.outputs[0].token_ids == base.outputs[0].token_ids
+    llm.generate(PROMPTS[:2], params[:2], use_tqdm=False)                           # 2 running: it speculates
+    assert llm.llm_engine.spec_stats()["num_draft_tokens"] > 0
 
 
 def test_serve_speculative_config_flag_builds_a_speculating_engine():

@@ -124,7 +124,7 @@ class BlockManager:
             self.cached.setdefault(prev, block.block_id)
         self.num_hashed[seq.request_id] = max(done, num_computed // bs)
 
-    # notebooks/12_speculative_decoding.ipynb, cell 24
+    # notebooks/12_speculative_decoding.ipynb, cell 27
     def free(self, request_id: str) -> None:
         """Drop a sequence's references. Unused blocks become free; those holding a prefix stay reusable."""
         self.num_hashed.pop(request_id, None)
@@ -178,7 +178,7 @@ class BlockManager:
         copies, self.copies = self.copies, []
         return copies
 
-    # notebooks/12_speculative_decoding.ipynb, cell 24
+    # notebooks/12_speculative_decoding.ipynb, cell 27
     def trim(self, request_id: str, num_tokens: int) -> None:
         """Give back the blocks of request_id's table past the first num_tokens tokens (rejected drafts' blocks)."""
         table = self.block_tables[request_id]
@@ -187,7 +187,7 @@ class BlockManager:
             self.release(b)
         del table[keep:]                       # the tensor row's stale tail is never read: widths follow the tokens
 
-    # notebooks/12_speculative_decoding.ipynb, cell 24
+    # notebooks/12_speculative_decoding.ipynb, cell 27
     def release(self, block_id: int) -> None:
         """Drop one reference; an unused block becomes free, reused last if it holds a cached prefix, else first."""
         block = self.blocks[block_id]

@@ -66,7 +66,7 @@ class LLMEngine:
     """Requests in, outputs out, one step at a time: add_request(), then step() until
     has_unfinished_requests() is False."""
 
-    # notebooks/12_speculative_decoding.ipynb, cell 30
+    # notebooks/12_speculative_decoding.ipynb, cell 33
     def __init__(self, model: str | None = None, *, dtype: str | torch.dtype = "auto", seed: int = 0,
                  device: str | torch.device | None = None, block_size: int = 16, num_kv_blocks: int | None = None,
                  kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
@@ -166,7 +166,7 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    # notebooks/12_speculative_decoding.ipynb, cell 32
+    # notebooks/12_speculative_decoding.ipynb, cell 35
     @torch.no_grad()
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule(self.propose())                         # drafts to verify
@@ -193,7 +193,7 @@ class LLMEngine:
                 self.scheduler.remove(seq)
         return outputs
 
-    # notebooks/12_speculative_decoding.ipynb, cell 35
+    # notebooks/12_speculative_decoding.ipynb, cell 38
     def forward(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """Logits (sampled positions, vocab) of one step; records the prompt logprobs this step's chunks owe."""
         owed = [prompt_logprob_positions(s) for s in batch]
@@ -206,7 +206,7 @@ class LLMEngine:
         self.record_prompt_logprobs(batch, owed, logits[sampled:])
         return logits[:sampled]
 
-    # notebooks/12_speculative_decoding.ipynb, cell 34
+    # notebooks/12_speculative_decoding.ipynb, cell 37
     def pick_tokens(self, seqs: list[Sequence], logits: torch.Tensor, drafts: list[list[int]]) -> list[list[tuple]]:
         """For each sequence, from its 1 + len(drafts) rows of logits: the accepted drafts and one token after them, each
         as (token, mask, logZ, logprobs). All rows in one sampler call, one device->host transfer."""
@@ -300,39 +300,45 @@ class LLMEngine:
                 s.seq.prompt_logprobs.append(self.with_text(logprob_dict(row, token, s.seq.params.prompt_logprobs)))
             done += len(span)
 
-    # notebooks/12_speculative_decoding.ipynb, cell 45
+    # notebooks/12_speculative_decoding.ipynb, cell 48
     def make_proposer(self, spec: SpeculativeConfig, model: str | None):
-        """The proposer speculative_config names; a draft model shares the target's device, dtype and block size."""
+        """The proposer speculative_config names; a draft model shares the target's device and block size, and its
+        dtype unless speculative_config names one."""
         if spec.method == "ngram":
             return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
-        draft = load_draft_model(spec.model or model, self.dtype, self.device, spec.quantization)
+        dtype = self.dtype if spec.dtype is None else as_dtype(spec.dtype, self.device)
+        draft = load_draft_model(spec.model or model, dtype, self.device, spec.quantization)
         if draft.config.vocab_size != self.vocab_size:
             raise ValueError(f"speculative_config['model']: the draft's vocabulary has {draft.config.vocab_size} "
                              f"tokens, the target's {self.vocab_size}; a draft must share the target's tokenizer")
-        cache = KVCache(draft.config, self.kv_cache.num_blocks, self.kv_cache.block_size, self.dtype, self.device)
+        cache = KVCache(draft.config, self.kv_cache.num_blocks, self.kv_cache.block_size, dtype, self.device)
         return DraftModelProposer(draft, cache, self.scheduler.max_num_seqs, self.max_model_len)
 
-    # notebooks/12_speculative_decoding.ipynb, cell 31
+    # notebooks/12_speculative_decoding.ipynb, cell 34
     def propose(self) -> dict[str, list[int]]:
-        """request id -> drafts, for the running sequences that decode this step; {} without speculation."""
+        """request id -> drafts, for the running sequences that decode this step; {} without speculation, or when
+        more sequences run than speculative_config's disable_by_batch_size (the batch fills the machine already)."""
         if self.proposer is None:
             return {}
-        scheduler, k = self.scheduler, self.speculative_config.num_speculative_tokens
+        scheduler, spec = self.scheduler, self.speculative_config
+        if spec.disable_by_batch_size is not None and len(scheduler.running) > spec.disable_by_batch_size:
+            return {}
+        k = spec.num_speculative_tokens
         decoding = [s for s in scheduler.running if scheduler.num_computed[s.request_id] == len(s) - 1]
         return self.proposer.propose(decoding, [min(k, self.tokens_left(s) - 1) for s in decoding])
 
-    # notebooks/12_speculative_decoding.ipynb, cell 31
+    # notebooks/12_speculative_decoding.ipynb, cell 34
     def tokens_left(self, seq: Sequence) -> int:
         """The most tokens seq may still emit: up to max_tokens and to the end of the context."""
         room = self.max_model_len - len(seq)
         return room if seq.params.max_tokens is None else min(room, seq.params.max_tokens - len(seq.output_token_ids))
 
-    # notebooks/12_speculative_decoding.ipynb, cell 31
+    # notebooks/12_speculative_decoding.ipynb, cell 34
     def spec_stats(self) -> dict:
         """Acceptance rate and mean accepted length since the engine started (vLLM's spec decoding metrics)."""
         return self.spec_decoding_stats.as_dict()
 
-    # notebooks/12_speculative_decoding.ipynb, cell 34
+    # notebooks/12_speculative_decoding.ipynb, cell 37
     def append_tokens(self, seq: Sequence, picked: list[tuple]) -> int:
         """Append the picked tokens, with their masks and logprobs, until one finishes the sequence; how many went in."""
         for appended, (token, mask, logz, logprobs) in enumerate(picked, 1):

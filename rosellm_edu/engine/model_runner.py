@@ -74,7 +74,7 @@ class ModelRunner:
         self.graphs[rows].replay()
         return self.logits[:n].clone()                        # the buffer is overwritten by the next step
 
-    # notebooks/12_speculative_decoding.ipynb, cell 26
+    # notebooks/12_speculative_decoding.ipynb, cell 29
     def run_eager(self, batch: list[ScheduledSeq], tables: torch.Tensor | list[list[int]],
                   keep: list[range] | None = None) -> torch.Tensor:
         """One forward pass over the batch's new tokens. Logits of the sampled positions (NEW: 1 + drafts of a
@@ -94,7 +94,7 @@ class ModelRunner:
         hidden = self.model(torch.tensor(ids, device=device), torch.tensor(positions, device=device), ctx)
         return self.model.compute_logits(hidden[sampled_rows + kept_rows])
 
-    # notebooks/12_speculative_decoding.ipynb, cell 26
+    # notebooks/12_speculative_decoding.ipynb, cell 29
     def is_decode(self, batch: list[ScheduledSeq]) -> bool:
         """Every row computes one token of its own and samples from it (NEW: no drafts)."""
         return 0 < len(batch) <= self.max_num_seqs and all(s.num_new == 1 and s.samples and not s.draft_token_ids

@@ -10,7 +10,7 @@ from rosellm_edu.engine.parallel_sampling import ParentRequest
 from rosellm_edu.sequence import Sequence, SequenceStatus
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 19
+# notebooks/12_speculative_decoding.ipynb, cell 22
 @dataclass
 class ScheduledSeq:
     seq: Sequence
@@ -69,7 +69,7 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    # notebooks/12_speculative_decoding.ipynb, cell 20
+    # notebooks/12_speculative_decoding.ipynb, cell 23
     def schedule(self, drafts: dict[str, list[int]] | None = None) -> list[ScheduledSeq]:
         """NEW: drafts[request_id], guesses after a decoding sequence's end, go with it when blocks and budget allow."""
         drafts = drafts or {}
@@ -102,7 +102,7 @@ class Scheduler:
             budget -= n
         return batch
 
-    # notebooks/12_speculative_decoding.ipynb, cell 23
+    # notebooks/12_speculative_decoding.ipynb, cell 26
     def computed(self, batch: list[ScheduledSeq]) -> None:
         for s in batch:
             done = s.end - len(s.draft_token_ids)        # drafts are counted when accepted
@@ -173,7 +173,7 @@ class Scheduler:
             if seq is not None and self.requests.get(seq.request_id) is seq:
                 self.remove(seq)
 
-    # notebooks/12_speculative_decoding.ipynb, cell 21
+    # notebooks/12_speculative_decoding.ipynb, cell 24
     def with_drafts(self, seq: Sequence, computed: int, drafts: list[int], budget: int) -> ScheduledSeq | None:
         """seq's decode with its drafts, if it decodes, has drafts, and the budget and free blocks hold them without
         preempting anyone; None otherwise (it then decodes as before)."""
@@ -184,7 +184,7 @@ class Scheduler:
             return None
         return ScheduledSeq(seq, computed, 1 + len(drafts), drafts)
 
-    # notebooks/12_speculative_decoding.ipynb, cell 23
+    # notebooks/12_speculative_decoding.ipynb, cell 26
     def accept(self, seq: Sequence, num_accepted: int) -> None:
         """seq appended num_accepted drafts (and one token after them): their K/V are the sequence's now. The rejected
         drafts' slots are written again by the next step; blocks that only they used are given back."""
