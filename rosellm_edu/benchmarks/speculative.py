@@ -37,13 +37,12 @@ FREE = ["Write a short story about a lighthouse keeper.", "Explain how a bicycle
 WORKLOADS = {"repetitive": REPETITIVE, "free": FREE}
 
 
-def speculative_config(method: str, k: int, quantization: str | None, draft_dtype: str | None = None) -> dict | None:
+def speculative_config(method: str, k: int, quantization: str | None) -> dict | None:
     if method == "none":
         return None
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-    return {"method": "draft_model", "model": None, "num_speculative_tokens": k, "quantization": quantization,
-            "dtype": draft_dtype}
+    return {"method": "draft_model", "model": None, "num_speculative_tokens": k, "quantization": quantization}
 
 
 def timed_generate(llm: LLM, prompts: list[str], batch_size: int, max_tokens: int) -> tuple[float, list]:
@@ -56,10 +55,9 @@ def timed_generate(llm: LLM, prompts: list[str], batch_size: int, max_tokens: in
 
 
 def measure(methods: list[str], batch_sizes: list[int], workloads: list[str], max_tokens: int, k: int,
-            quantization: str | None = None, dtype: str = "auto", model: str | None = None,
-            draft_dtype: str | None = None) -> list[dict]:
+            quantization: str | None = None, dtype: str = "auto", model: str | None = None) -> list[dict]:
     """One row per (workload, batch size, method), plain decoding ("none") first, on the same requests."""
-    engines = {m: LLM(model, dtype=dtype, speculative_config=speculative_config(m, k, quantization, draft_dtype))
+    engines = {m: LLM(model, dtype=dtype, speculative_config=speculative_config(m, k, quantization))
                for m in ["none"] + [m for m in methods if m != "none"]}
     rows = []
     for workload in workloads:
@@ -100,13 +98,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
     parser.add_argument("--quantization", default=None, help="the draft's: int8, int4 or gguf (chapter 11)")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--draft-dtype", default=None, help="the draft model's dtype (default: the target's)")
     parser.add_argument("--model", default=None)
     parser.add_argument("--json", default=None, help="write the rows here")
     args = parser.parse_args(argv)
     rows = measure(args.methods.split(","), [int(b) for b in args.batch_sizes.split(",")], args.workloads.split(","),
-                   args.max_tokens, args.num_speculative_tokens, args.quantization, args.dtype, args.model,
-                   args.draft_dtype)
+                   args.max_tokens, args.num_speculative_tokens, args.quantization, args.dtype, args.model)
     print(machine_line())
     print(table(rows))
     if args.json:

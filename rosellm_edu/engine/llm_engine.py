@@ -302,16 +302,14 @@ class LLMEngine:
 
     # notebooks/12_speculative_decoding.ipynb, cell 48
     def make_proposer(self, spec: SpeculativeConfig, model: str | None):
-        """The proposer speculative_config names; a draft model shares the target's device and block size, and its
-        dtype unless speculative_config names one."""
+        """The proposer speculative_config names; a draft model shares the target's device, dtype and block size."""
         if spec.method == "ngram":
             return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
-        dtype = self.dtype if spec.dtype is None else as_dtype(spec.dtype, self.device)
-        draft = load_draft_model(spec.model or model, dtype, self.device, spec.quantization)
+        draft = load_draft_model(spec.model or model, self.dtype, self.device, spec.quantization)
         if draft.config.vocab_size != self.vocab_size:
             raise ValueError(f"speculative_config['model']: the draft's vocabulary has {draft.config.vocab_size} "
                              f"tokens, the target's {self.vocab_size}; a draft must share the target's tokenizer")
-        cache = KVCache(draft.config, self.kv_cache.num_blocks, self.kv_cache.block_size, dtype, self.device)
+        cache = KVCache(draft.config, self.kv_cache.num_blocks, self.kv_cache.block_size, self.dtype, self.device)
         return DraftModelProposer(draft, cache, self.scheduler.max_num_seqs, self.max_model_len)
 
     # notebooks/12_speculative_decoding.ipynb, cell 34

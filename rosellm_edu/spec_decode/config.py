@@ -17,7 +17,7 @@ COMMON = {"method", "num_speculative_tokens", "disable_by_batch_size"}
 
 # notebooks/12_speculative_decoding.ipynb, cell 12
 KEYS = {"ngram": COMMON | {"prompt_lookup_max", "prompt_lookup_min"},
-        "draft_model": COMMON | {"model", "quantization", "dtype"}}
+        "draft_model": COMMON | {"model", "quantization"}}
 
 
 # notebooks/12_speculative_decoding.ipynb, cell 12
@@ -30,7 +30,6 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 1          # ngram: the shortest
     model: str | None = None            # draft_model: its checkpoint; None drafts with the target's own
     quantization: str | None = None     # draft_model: how load_model quantizes the draft's weights
-    dtype: str | None = None            # draft_model: the draft's activations; None: the target's dtype
     disable_by_batch_size: int | None = None   # no drafts in a step with more running sequences than this
 
     @classmethod
@@ -51,7 +50,7 @@ class SpeculativeConfig:
 
 # notebooks/12_speculative_decoding.ipynb, cell 13
 def check_values(spec: SpeculativeConfig) -> None:
-    """The sizes are positive integers, min <= max, and the quantization and dtype ones the loader knows."""
+    """The sizes are positive integers, min <= max, and the quantization one load_model knows."""
     for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size"):
         value = getattr(spec, name)
         if value is None and name == "disable_by_batch_size":
@@ -64,6 +63,3 @@ def check_values(spec: SpeculativeConfig) -> None:
     if spec.quantization not in QUANTIZATION_METHODS:
         raise ValueError(f"speculative_config['quantization'] must be one of {QUANTIZATION_METHODS}, "
                          f"got {spec.quantization!r}")
-    if spec.dtype not in (None, "auto", "float32", "bfloat16", "float16"):
-        raise ValueError(f"speculative_config['dtype'] must be 'auto', 'float32', 'bfloat16' or 'float16', "
-                         f"got {spec.dtype!r}")
