@@ -19,7 +19,6 @@ import time
 from rosellm_edu.benchmarks.machine import machine_line
 from rosellm_edu.llm import LLM
 from rosellm_edu.sampling_params import SamplingParams
-from rosellm_edu.spec_decode.metrics import SpecDecodingStats
 
 TEXT = ("The river town woke slowly. Fishermen pulled their boats onto the grey sand, the baker opened his shutters, "
         "and the old bell in the square rang seven times. Children ran past the market stalls, where farmers laid "
@@ -57,6 +56,8 @@ def timed_generate(llm: LLM, prompts: list[str], batch_size: int, max_tokens: in
 def measure(methods: list[str], batch_sizes: list[int], workloads: list[str], max_tokens: int, k: int,
             quantization: str | None = None, dtype: str = "auto", model: str | None = None) -> list[dict]:
     """One row per (workload, batch size, method), plain decoding ("none") first, on the same requests."""
+    from rosellm_edu.spec_decode.metrics import SpecDecodingStats    # chapter 12's; its prompts load before it
+
     engines = {m: LLM(model, dtype=dtype, speculative_config=speculative_config(m, k, quantization))
                for m in ["none"] + [m for m in methods if m != "none"]}
     rows = []

@@ -95,7 +95,7 @@ class LLMEngine:
         self.speculative_config, self.spec_decoding_stats = spec, SpecDecodingStats()
         self.proposer = None if spec is None else self.make_proposer(spec, model)
 
-    # notebooks/11_weight_only_quantization.ipynb, cell 71
+    # notebooks/11_weight_only_quantization.ipynb, cell 72
     def load(self, model: str | None, dtype: str | torch.dtype, device: str | torch.device | None,
              quantization: str | None = None) -> None:
         """The model (its Linears quantized, or read from the GGUF as they ship) and tokenizer, and what the engine
