@@ -168,6 +168,11 @@ def test_int8_group_linear_runs_every_path_to_the_same_numbers(monkeypatch):
         monkeypatch.undo()
     with pytest.raises(ValueError, match="bias"):
         Int8GroupLinear.from_linear(nn.Linear(64, 32))
+    tied = Int8GroupLinear.from_linear(linear, dense=linear.weight.detach())       # many rows: the dense table
+    x = weight((9, 64), 9)
+    torch.testing.assert_close(tied(x), F.linear(x, linear.weight.detach()))
+    torch.testing.assert_close(tied(x[:1]), head(x[:1]))                           # few rows: the 8-bit groups
+    assert "dense" not in tied.state_dict()
 
 
 def test_quantize_model_takes_a_llama_head_and_leaves_gpt2_tied():
@@ -178,6 +183,7 @@ def test_quantize_model_takes_a_llama_head_and_leaves_gpt2_tied():
     assert weight_bytes(gpt2) > gpt2.wte.weight.numel() * 4                     # its table is its head: counted
     llama = model_loader.load_model(model_loader.resolve_model(), torch.float32, quantization="int4")
     assert isinstance(llama.lm_head, Int8GroupLinear)
+    assert llama.lm_head.dense.data_ptr() == llama.model.embed_tokens.weight.data_ptr()    # tied: no copy
     head = llama.lm_head.qs.numel() + 2 * llama.lm_head.d.numel()
     assert weight_bytes(llama) == weight_bytes(llama.model.layers) + head + 4 * llama.model.norm.weight.numel()
 

@@ -124,8 +124,10 @@ def quantize_model(model: nn.Module, method: str) -> nn.Module:
         for name, child in list(layer.named_modules()):
             if isinstance(child, nn.Linear):
                 layer.set_submodule(name, QUANTIZED_LINEARS[method](child))
-    if isinstance(getattr(model, "lm_head", None), nn.Linear):          # GPT-2's head is its embedding table
-        model.lm_head = Int8GroupLinear.from_linear(model.lm_head)
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, nn.Linear):                                      # GPT-2's head is its embedding table
+        tied = head.weight is model.model.embed_tokens.weight
+        model.lm_head = Int8GroupLinear.from_linear(head, dense=head.weight.detach() if tied else None)
     return model
 
 
@@ -150,23 +152,30 @@ def dequantize_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
 
 # notebooks/11_weight_only_quantization.ipynb, cell 47
 class Int8GroupLinear(nn.Module):
-    """nn.Linear without bias, its weight in 8-bit groups of 32 as GGUF's Q8_0: the LM head's format here."""
+    """nn.Linear without bias, its weight in 8-bit groups of 32 as GGUF's Q8_0: the LM head's format here. `dense`:
+    the same weight unquantized where the model holds it anyway (a head tied to its embedding table); steps of
+    more than FEW_ROWS rows, bound by arithmetic, multiply by it instead of expanding the groups each step."""
 
-    def __init__(self, in_features: int, out_features: int, qs: torch.Tensor, d: torch.Tensor):
+    def __init__(self, in_features: int, out_features: int, qs: torch.Tensor, d: torch.Tensor,
+                 dense: torch.Tensor | None = None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer("qs", qs)                               # (N, K/32, 32) int8
         self.register_buffer("d", d)                                 # (N, K/32) float16: the groups' scales
+        self.register_buffer("dense", dense, persistent=False)       # (N, K) or None; the embedding's own table
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "Int8GroupLinear":
+    def from_linear(cls, linear: nn.Linear, dense: torch.Tensor | None = None) -> "Int8GroupLinear":
         if linear.bias is not None:
             raise ValueError("Int8GroupLinear holds no bias; this Linear has one")
-        return cls(linear.in_features, linear.out_features, *quantize_q8_0(linear.weight.detach()))
+        return cls(linear.in_features, linear.out_features, *quantize_q8_0(linear.weight.detach()), dense)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:             # x: (rows, K) -> (rows, N)
-        if x.device.type == "cpu" and x.dim() == 2 and cpu_quant.extension() is not None:
-            if x.shape[0] <= FEW_ROWS and self.out_features % 16 == 0:
-                return cpu_quant.int8_linear_cpp(x, self.qs, self.d)
+        if self.dense is not None and x.shape[0] > FEW_ROWS:
+            return F.linear(x, self.dense.to(x.dtype))
+        cpu = x.device.type == "cpu" and x.dim() == 2 and cpu_quant.extension() is not None
+        if cpu and x.shape[0] <= FEW_ROWS and self.out_features % 16 == 0:
+            return cpu_quant.int8_linear_cpp(x, self.qs, self.d)
+        if cpu:
             return F.linear(x, cpu_quant.int8_dequantize_cpp(self.qs, self.d, x.dtype))
         return F.linear(x, dequantize_q8_0(self.qs, self.d).to(x.dtype))                 # a GPU, or no compiler

@@ -97,6 +97,7 @@ def load_gguf(path, config, dtype: torch.dtype) -> LlamaForCausalLM:
     head = tensors.get("output.weight", tensors["token_embd.weight"])           # tied: the embedding's table
     if head.tensor_type != GGMLQuantizationType.Q8_0:
         raise ValueError(f"GGUF tensor {head.name} is {head.tensor_type.name}; the LM head loads from Q8_0 only")
-    model.lm_head = Int8GroupLinear(config.hidden_size, config.vocab_size, *q8_0_tensors(head.data))
+    table = model.model.embed_tokens.weight.detach() if head.name == "token_embd.weight" else None
+    model.lm_head = Int8GroupLinear(config.hidden_size, config.vocab_size, *q8_0_tensors(head.data), table)
     model.model.rotary = RotaryEmbedding(config, model.model.layers[0].self_attn.head_dim).to(dtype)  # off meta
     return model.eval()
