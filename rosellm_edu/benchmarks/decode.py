@@ -134,7 +134,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--warmup", type=int, default=8 if cuda else 2)
     parser.add_argument("--dtype", default="bfloat16" if cuda else "float32", choices=["float32", "bfloat16"])
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--quantization", default=None, choices=["int8", "int4", "gguf"], help="chapter 11's weights")
+    parser.add_argument("--quantization", default=None, choices=[m for m in model_loader.QUANTIZATION_METHODS if m],
+                        help="chapter 11's weights")
     parser.add_argument("--out", default=str(DATA_FILE) if cuda else None,
                         help=f"write the results as JSON (default on a GPU: {DATA_FILE.relative_to(DATA_FILE.parents[2])})")
     args = parser.parse_args(argv)

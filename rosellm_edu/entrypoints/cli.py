@@ -10,6 +10,8 @@ import sys
 
 
 def serve_args(argv: list[str]) -> argparse.Namespace:
+    from rosellm_edu.model_loader import QUANTIZATION_METHODS
+
     parser = argparse.ArgumentParser(prog="rosellm-edu serve", description="Serve the engine over OpenAI's API.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -26,7 +28,7 @@ def serve_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--max-model-len", type=int, default=None, help="a shorter context than the model's")
-    parser.add_argument("--quantization", default=None, choices=["int8", "int4", "gguf"],
+    parser.add_argument("--quantization", default=None, choices=[m for m in QUANTIZATION_METHODS if m],
                         help="weight-only: int8 or int4 Linears, or the model's GGUF read as it ships (chapter 11)")
     parser.add_argument("--speculative-config", type=json.loads, default=None,
                         help='speculative decoding as JSON, as vLLM\'s flag: \'{"method": "ngram", '

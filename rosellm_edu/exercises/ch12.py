@@ -24,11 +24,11 @@ def check_ngram_propose(ngram_propose) -> str:
 
 @checker("greedy_verify")
 def check_greedy_verify(greedy_verify) -> str:
+    from rosellm_edu.spec_decode.rejection_sampler import accepted_count
+
     cases = [([5, 6, 8], [5, 7]), ([5, 6, 8], [5, 6]), ([3], []), ([1, 2, 3, 4], [9, 2, 3]), ([4, 4, 4], [4, 4])]
     for argmax_ids, drafts in cases:
-        a = 0
-        while a < len(drafts) and drafts[a] == argmax_ids[a]:
-            a += 1
+        a = accepted_count(argmax_ids, drafts)
         expect_equal(greedy_verify(list(argmax_ids), list(drafts)), argmax_ids[:a + 1],
                      f"greedy_verify({argmax_ids}, {drafts})")
     return f"{len(cases)} cases: all accepted, none, a bonus, a rejection at once."
