@@ -3,9 +3,7 @@
 # (cells counted from 1 in their notebook, markdown cells included).
 
 import contextlib
-import functools
 import itertools
-import time
 from typing import Iterable
 
 import torch
@@ -26,29 +24,28 @@ from rosellm_edu.spec_decode.draft_model_proposer import DraftModelProposer, loa
 from rosellm_edu.spec_decode.metrics import SpecDecodingStats
 from rosellm_edu.spec_decode.ngram_proposer import NgramProposer
 from rosellm_edu.spec_decode.rejection_sampler import accepted_count
+from rosellm_edu.timing import choose
 
 
 # notebooks/01_token_generation.ipynb, cell 32
 Prompt = str | dict   # a string, or {"prompt_token_ids": [...]} for callers that tokenize themselves
 
 
-# notebooks/02_kv_cache.ipynb, cell 23
-@functools.cache
-def bfloat16_is_faster_here() -> bool:
+# notebooks/02_kv_cache.ipynb, cell 25
+def matmul_dtype_choice():
     """Time one decoder-sized matmul in both dtypes on this CPU: whether bfloat16 pays depends on the CPU
-    (native bfloat16 units or not), and measuring is the one way to know."""
-    def best(dtype):
-        a, b = torch.randn(256, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            a @ b
-            times.append(time.perf_counter() - start)
-        return min(times)
-    return best(torch.bfloat16) < best(torch.float32)
+    (native bfloat16 units or not), and measuring is the one way to know. Measured once per process."""
+    a, b = torch.randn(256, 1024), torch.randn(1024, 1024)
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    return choose("cpu matmul dtype", {"float32": lambda: a @ b, "bfloat16": lambda: a16 @ b16})
 
 
-# notebooks/02_kv_cache.ipynb, cell 23
+# notebooks/02_kv_cache.ipynb, cell 25
+def bfloat16_is_faster_here() -> bool:
+    return matmul_dtype_choice().name == "bfloat16"
+
+
+# notebooks/02_kv_cache.ipynb, cell 25
 def as_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     """"auto": bfloat16 on a GPU, and on a CPU where its bfloat16 matmul beats float32; float32 otherwise."""
     if isinstance(dtype, torch.dtype):

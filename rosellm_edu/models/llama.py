@@ -14,7 +14,7 @@ from rosellm_edu.layers.norm import RMSNorm
 from rosellm_edu.layers.rotary import RotaryEmbedding
 
 
-# notebooks/00_the_model.ipynb, cell 16
+# notebooks/00_the_model.ipynb, cell 18
 class LlamaAttention(nn.Module):
     def __init__(self, config: PretrainedConfig, layer_idx: int):
         super().__init__()
@@ -39,7 +39,7 @@ class LlamaAttention(nn.Module):
         return ops.linear(out.reshape(n, self.q_size), self.o_proj)        # ops.linear, every matmul
 
 
-# notebooks/00_the_model.ipynb, cell 17
+# notebooks/00_the_model.ipynb, cell 19
 class LlamaMLP(nn.Module):
     def __init__(self, config: PretrainedConfig):
         super().__init__()
@@ -51,7 +51,7 @@ class LlamaMLP(nn.Module):
         return ops.linear(ops.silu_and_mul(ops.linear(x, self.gate_up_proj)), self.down_proj)   # one call for SiLU x up
 
 
-# notebooks/00_the_model.ipynb, cell 17
+# notebooks/00_the_model.ipynb, cell 19
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: PretrainedConfig, layer_idx: int):
         super().__init__()
@@ -89,13 +89,13 @@ class LlamaModel(nn.Module):
         return ops.add_rms_norm(x, residual, self.norm.weight, self.norm.eps)[0]
 
 
-# notebooks/00_the_model.ipynb, cell 18
+# notebooks/00_the_model.ipynb, cell 20
 # checkpoint name -> (our packed parameter, which shard of it)
 PACKED_SHARDS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
                  "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
 
-# notebooks/00_the_model.ipynb, cell 18
+# notebooks/00_the_model.ipynb, cell 20
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config: PretrainedConfig):
         super().__init__()
@@ -113,14 +113,14 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return pointwise_ops(hidden.device, self.model.fusion).linear(hidden, self.lm_head)   # (rows, vocab)
 
-    # notebooks/00_the_model.ipynb, cell 19
+    # notebooks/00_the_model.ipynb, cell 21
     def shard_offsets(self, packed: str) -> list[int]:
         attn = self.model.layers[0].self_attn
         sizes = [attn.q_size, attn.kv_size, attn.kv_size] if packed == "qkv_proj" else \
                 [self.config.intermediate_size] * 2
         return [sum(sizes[:i]) for i in range(len(sizes) + 1)]
 
-    # notebooks/00_the_model.ipynb, cell 19
+    # notebooks/00_the_model.ipynb, cell 21
     def expected_shards(self, params: dict) -> set[tuple[str, int | None]]:
         """Every (parameter, shard) the checkpoint must fill; shard None means the whole parameter."""
         packed = {p for p, _ in PACKED_SHARDS.values()}
@@ -128,7 +128,7 @@ class LlamaForCausalLM(nn.Module):
                 for shard in (range(len(self.shard_offsets(name.split(".")[-2])) - 1)
                               if name.split(".")[-2] in packed else [None])}
 
-    # notebooks/00_the_model.ipynb, cell 19
+    # notebooks/00_the_model.ipynb, cell 21
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters())
         loaded = set()
