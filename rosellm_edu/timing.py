@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 
-# notebooks/00_the_model.ipynb, cell 14
+# notebooks/00_the_model.ipynb, cell 15
 def median_time(fn, repeat: int = 7, warmup: int = 1) -> float:
     """Seconds per call of fn(): the median of `repeat` timed calls after `warmup` untimed ones (the first call
     pays for caches, allocations and lazy set-up that later calls do not)."""
@@ -22,7 +22,7 @@ def median_time(fn, repeat: int = 7, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
-# notebooks/00_the_model.ipynb, cell 14
+# notebooks/00_the_model.ipynb, cell 15
 def verdict(name: str, seconds: float, baseline: str, baseline_seconds: float, noise: float = 0.05) -> str:
     """'A takes 1.26x the time of B: slower on this machine', computed from the two times. Within `noise` of
     each other the two are called even: a run-to-run wobble is not a result."""

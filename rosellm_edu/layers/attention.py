@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 
-# notebooks/00_the_model.ipynb, cell 10
+# notebooks/00_the_model.ipynb, cell 11
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
     """q: (batch, n, heads, d); k, v: (batch, m, kv_heads, d); visible: (batch, n, m) or None (all visible)."""
     b, n, heads, d = q.shape
@@ -23,7 +23,7 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible
     return out.view(b, kv_heads, group, n, d).permute(0, 3, 1, 2, 4).reshape(b, n, heads, d)
 
 
-# notebooks/00_the_model.ipynb, cell 10
+# notebooks/00_the_model.ipynb, cell 11
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """q: (n, heads, d) for the last n of m positions; k, v: (m, kv_heads, d). Returns (n, heads, d)."""
     n, m = q.shape[0], k.shape[0]
@@ -34,14 +34,14 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return grouped_attention(q[None], k[None], v[None], visible)[0]
 
 
-# notebooks/00_the_model.ipynb, cell 10
+# notebooks/00_the_model.ipynb, cell 11
 class AttentionContext(Protocol):
     """What the model needs from a KV cache or a batch: attention for one layer's new q, k, v."""
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
 
 
-# notebooks/00_the_model.ipynb, cell 11
+# notebooks/00_the_model.ipynb, cell 12
 class Attention(nn.Module):
     def __init__(self, layer_idx: int):
         super().__init__()

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 
-# notebooks/00_the_model.ipynb, cell 6
+# notebooks/00_the_model.ipynb, cell 7
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()

@@ -8,7 +8,7 @@ from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
-# notebooks/00_the_model.ipynb, cell 8
+# notebooks/00_the_model.ipynb, cell 9
 def rope_frequencies(config: PretrainedConfig, head_dim: int) -> tuple[torch.Tensor, float]:
     """Inverse frequencies θ_i (head_dim / 2,) and the attention scaling some RoPE variants apply."""
     params = config.rope_parameters
@@ -19,13 +19,13 @@ def rope_frequencies(config: PretrainedConfig, head_dim: int) -> tuple[torch.Ten
     return ROPE_INIT_FUNCTIONS[params["rope_type"]](config, device)
 
 
-# notebooks/00_the_model.ipynb, cell 8
+# notebooks/00_the_model.ipynb, cell 9
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
 
 
-# notebooks/00_the_model.ipynb, cell 8
+# notebooks/00_the_model.ipynb, cell 9
 class RotaryEmbedding(nn.Module):
     def __init__(self, config: PretrainedConfig, head_dim: int):
         super().__init__()

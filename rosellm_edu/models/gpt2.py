@@ -12,11 +12,11 @@ from transformers import PretrainedConfig
 from rosellm_edu.layers.attention import Attention, AttentionContext
 
 
-# notebooks/00_the_model.ipynb, cell 23
+# notebooks/00_the_model.ipynb, cell 24
 TRANSPOSED = ("c_attn.weight", "c_proj.weight", "c_fc.weight")  # stored as Conv1D (in, out)
 
 
-# notebooks/00_the_model.ipynb, cell 23
+# notebooks/00_the_model.ipynb, cell 24
 class GPT2Attention(nn.Module):
     def __init__(self, config: PretrainedConfig, layer_idx: int):
         super().__init__()
@@ -32,7 +32,7 @@ class GPT2Attention(nn.Module):
         return self.c_proj(self.attn(q, k, v, ctx).reshape(n, -1))
 
 
-# notebooks/00_the_model.ipynb, cell 23
+# notebooks/00_the_model.ipynb, cell 24
 class GPT2MLP(nn.Module):
     def __init__(self, config: PretrainedConfig):
         super().__init__()
@@ -45,7 +45,7 @@ class GPT2MLP(nn.Module):
         return self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate))
 
 
-# notebooks/00_the_model.ipynb, cell 24
+# notebooks/00_the_model.ipynb, cell 25
 class GPT2Block(nn.Module):
     def __init__(self, config: PretrainedConfig, layer_idx: int):
         super().__init__()
@@ -59,7 +59,7 @@ class GPT2Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-# notebooks/00_the_model.ipynb, cell 25
+# notebooks/00_the_model.ipynb, cell 26
 class GPT2ForCausalLM(nn.Module):
     def __init__(self, config: PretrainedConfig):
         super().__init__()
