@@ -124,3 +124,9 @@ def test_no_authoring_words_in_the_prose(notebook):
 def test_no_authoring_words_in_the_readme():
     found = [m.group(0) for m in AUTHORING.finditer(readme_prose())]
     assert not found, found
+
+
+def test_chapter_00_maps_every_chapter_of_the_book():
+    shown = "".join("".join(out.get("data", {}).get("text/markdown", "")) for out in outputs("00_the_model.ipynb"))
+    missing = [c.title for c in load_book()[1] if c.title not in shown]
+    assert not missing, f"chapter 00's map (its printed output) lacks {missing}: re-run the notebook"
