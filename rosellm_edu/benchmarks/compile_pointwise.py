@@ -14,16 +14,6 @@ import tempfile
 import time
 
 
-def best_ms(fn, repeats: int = 20) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * min(times)
-
-
 def main() -> None:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp()     # before torch is imported: an empty cache
     import torch
@@ -31,6 +21,7 @@ def main() -> None:
     from torch._dynamo.utils import counters
 
     from rosellm_edu.kernels.cpu_fused import add_rms_norm_reference
+    from rosellm_edu.timing import median_time, verdict
 
     hidden, eps = 576, 1e-5
     weight = torch.rand(hidden) + 0.5
@@ -51,11 +42,10 @@ def main() -> None:
     print(f"graphs compiled for 4 token counts with dynamic=True: {graphs}")
     for n in (64, 1024):
         x, r = rows[n]
-        eager = best_ms(lambda: add_rms_norm_reference(x, r, weight, eps))
-        fast = best_ms(lambda: compiled(x, r, weight, eps))
-        print(f"add + RMSNorm, {n:4d} x {hidden}, float32: eager {eager:.3f} ms, compiled {fast:.3f} ms "
-              f"(compiled: {fast / eager:.2f}x the time)")
-
+        eager = median_time(lambda: add_rms_norm_reference(x, r, weight, eps), repeat=20)
+        fast = median_time(lambda: compiled(x, r, weight, eps), repeat=20)
+        print(f"add + RMSNorm, {n:4d} x {hidden}, float32: eager {1e3 * eager:.3f} ms, compiled {1e3 * fast:.3f} ms; "
+              + verdict("compiled", fast, "eager", eager))
 
 if __name__ == "__main__":
     main()
