@@ -5,9 +5,11 @@ import pytest
 import torch
 
 from rosellm_edu.kernels import cpu_fused
-from rosellm_edu.kernels.cpu_fused import (CPP_OPS, TORCH_OPS, add_rms_norm_cpp, add_rms_norm_reference,
-                                           few_rows_linear_cpp, linear_cpp, pointwise_ops, rotary_cpp,
-                                           rotary_reference, silu_and_mul_cpp, silu_and_mul_reference, torch_linear)
+from rosellm_edu import timing
+from rosellm_edu.kernels.cpu_fused import (CPP_OPS, DECODE_ROWS, TORCH_OPS, add_rms_norm_cpp, add_rms_norm_reference,
+                                           auto_ops, few_rows_linear_cpp, fusion_choices, linear_cpp, pointwise_ops,
+                                           rotary_cpp, rotary_reference, silu_and_mul_cpp, silu_and_mul_reference,
+                                           torch_linear)
 
 pytestmark = pytest.mark.skipif(cpu_fused.extension() is None, reason="no C++ compiler: the kernels were not built")
 
@@ -122,18 +124,47 @@ def test_kernels_refuse_bad_input_with_a_message_that_names_it():
         ext.linear_few_rows(torch.randn(1, 32), torch.randn(16, 64))
 
 
-def test_pointwise_ops_choice():
+def test_forced_modes_and_where_the_kernels_cannot_run():
     cpu = torch.device("cpu")
     with torch.no_grad():
-        assert pointwise_ops(cpu, "auto") is CPP_OPS
         assert pointwise_ops(cpu, "cpp") is CPP_OPS
-    assert pointwise_ops(cpu, "torch") is TORCH_OPS
-    assert pointwise_ops(cpu, "auto") is TORCH_OPS          # autograd on: in-place kernels would hide the graph
+        assert pointwise_ops(cpu, "torch") is TORCH_OPS
+        assert pointwise_ops(cpu, "auto") == TORCH_OPS      # nothing measured: PyTorch's ops
+    assert pointwise_ops(cpu, "auto", {"rotary, decode": timing.Choice("cpp", {})}) is TORCH_OPS   # autograd on
+    with pytest.raises(RuntimeError, match="autograd"):
+        pointwise_ops(cpu, "cpp")
     with pytest.raises(ValueError, match="fusion"):
         pointwise_ops(cpu, "fast")
 
 
-@pytest.mark.parametrize("fusion", ["auto", "torch"])
+def test_auto_takes_the_kernel_only_where_it_was_measured_faster():
+    won, lost = timing.Choice("cpp", {"torch": 2.0, "cpp": 1.0}), timing.Choice("torch", {"torch": 1.0, "cpp": 2.0})
+    choices = {"add + RMSNorm, decode": won, "add + RMSNorm, prefill": lost, "rotary, decode": lost,
+               "rotary, prefill": won, "linear, 2 row(s)": won}
+    with torch.no_grad():
+        decode = pointwise_ops(torch.device("cpu"), "auto", choices, rows=2)
+        prefill = auto_ops(choices, DECODE_ROWS + 1)
+    assert decode == type(CPP_OPS)(CPP_OPS.add_rms_norm, TORCH_OPS.silu_and_mul, TORCH_OPS.rotary, CPP_OPS.linear)
+    assert prefill == type(CPP_OPS)(TORCH_OPS.add_rms_norm, TORCH_OPS.silu_and_mul, CPP_OPS.rotary, TORCH_OPS.linear)
+    assert auto_ops(choices, 1).linear is TORCH_OPS.linear                              # 1 row: not measured
+
+
+def test_fusion_choices_are_measured_once_per_process_and_leave_the_model_alone(our_model):
+    ids = torch.arange(100, 109)
+    with torch.no_grad():
+        before = our_model.compute_logits(our_model(ids, torch.arange(9)))
+        first = fusion_choices(our_model.model)
+        keys = set(timing.CHOICES)
+        second = fusion_choices(our_model.model)
+        after = our_model.compute_logits(our_model(ids, torch.arange(9)))
+    assert set(first) == {f"{piece}, {regime}" for piece in ("add + RMSNorm", "SiLU x up", "rotary")
+                          for regime in ("decode", "prefill")} | {f"linear, {r} row(s)" for r in range(1, 5)}
+    assert all(second[key] is first[key] for key in first) and set(timing.CHOICES) == keys
+    assert all(choice.name in ("torch", "cpp") and set(choice.seconds) == {"torch", "cpp"} for choice in first.values())
+    assert torch.equal(before, after)                   # the kernels ran on copies of their own
+
+
+@pytest.mark.parametrize("fusion", ["auto", "cpp", "torch"])
 def test_embedded_model_logits_match_transformers_with_and_without_fusion(our_model, hf_model, tokenizer, fusion):
     ids = torch.tensor(tokenizer("Fused kernels read each activation once.").input_ids)
     our_model.model.fusion = fusion
@@ -147,12 +178,14 @@ def test_embedded_model_logits_match_transformers_with_and_without_fusion(our_mo
     assert torch.equal(mine.argmax(-1), theirs.argmax(-1))
 
 
-def test_bfloat16_model_fused_and_unfused_agree(embedded_dir):
+@pytest.mark.parametrize("fusion", ["auto", "cpp"])
+def test_bfloat16_model_fused_and_unfused_agree(embedded_dir, fusion):
     from rosellm_edu import model_loader
 
     model = model_loader.load_model(embedded_dir, torch.bfloat16)
     ids = torch.randint(100, model.config.vocab_size, (24,), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
+        model.model.fusion = fusion
         fused = model.compute_logits(model(ids, torch.arange(24))).float()
         model.model.fusion = "torch"
         unfused = model.compute_logits(model(ids, torch.arange(24))).float()

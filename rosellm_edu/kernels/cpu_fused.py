@@ -13,6 +13,7 @@ from torch import nn
 from rosellm_edu.kernels.build import build_cpp
 from rosellm_edu.kernels.cpu_attention import VECTORS
 from rosellm_edu.layers.rotary import rotate_half
+from rosellm_edu.timing import Choice, choose
 
 
 # notebooks/10_fewer_passes.ipynb, cell 9
@@ -253,6 +254,32 @@ def rotary_cpp(positions, q, k, cos, sin):
     return q, k
 
 
+# notebooks/10_fewer_passes.ipynb, cell 27
+REGIMES = {"decode": 64, "prefill": 512}   # rows of a step of each kind: a batch of sequences, a prompt
+
+
+# notebooks/10_fewer_passes.ipynb, cell 27
+def kernel_cases(config, rotary: nn.Module, rows: int, dtype: torch.dtype) -> dict[str, tuple[Callable, Callable]]:
+    """name -> (PyTorch's ops, the C++ kernel) on the same random (rows, ...) inputs of the model's shapes. The
+    kernel works in place on copies of its own, so nothing else is overwritten; its first call is the one to check."""
+    g = torch.Generator().manual_seed(rows)                        # the caller's random stream is left alone
+    hidden, heads, kv_heads = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
+    cos, sin = rotary.cos.to(dtype), rotary.sin.to(dtype)          # (max_positions, head_dim)
+    d, eps = cos.shape[1], config.rms_norm_eps
+    x, r = torch.randn(rows, hidden, generator=g).to(dtype), torch.randn(rows, hidden, generator=g).to(dtype)
+    xs, rs, w = x.clone(), r.clone(), (torch.rand(hidden, generator=g) + 0.5).to(dtype)
+    gate_up = torch.randn(rows, 2 * config.intermediate_size, generator=g).to(dtype)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * d, generator=g).to(dtype)
+    qkv_s = qkv.clone()
+    q, k, qs, ks = (t[:, lo * d:hi * d].unflatten(1, (hi - lo, d))              # strided, as in the model
+                    for t, (lo, hi) in [(qkv, (0, heads)), (qkv, (heads, heads + kv_heads)),
+                                        (qkv_s, (0, heads)), (qkv_s, (heads, heads + kv_heads))])
+    pos = torch.randint(0, cos.shape[0], (rows,), generator=g)
+    return {"add + RMSNorm": (lambda: add_rms_norm_reference(x, r, w, eps), lambda: add_rms_norm_cpp(xs, rs, w, eps)),
+            "SiLU x up": (lambda: silu_and_mul_reference(gate_up), lambda: silu_and_mul_cpp(gate_up)),
+            "rotary": (lambda: rotary_reference(pos, q, k, cos, sin), lambda: rotary_cpp(pos, qs, ks, cos, sin))}
+
+
 # notebooks/11_weight_only_quantization.ipynb, cell 39
 def torch_linear(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
     """x (rows, in_features) -> (rows, out_features): F.linear for an nn.Linear; a quantized layer multiplies by
@@ -333,7 +360,7 @@ def few_rows_linear_cpp(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
 
 
 # notebooks/10_fewer_passes.ipynb, cell 43
-FEW_ROWS = 4                 # up to this many rows, a bfloat16 matmul goes to the kernel (the lines above)
+FEW_ROWS = 4                 # up to this many rows, a matmul can go to the kernel (the lines above)
 
 
 # notebooks/11_weight_only_quantization.ipynb, cell 39
@@ -373,16 +400,70 @@ def compiled_ops() -> PointwiseOps:
 
 
 # notebooks/10_fewer_passes.ipynb, cell 44
-def pointwise_ops(device: torch.device, fusion: str = "auto") -> PointwiseOps:
-    """fusion: "auto" (the C++ kernels on a CPU where they built, else PyTorch's ops), "cpp", "torch", "compile"."""
+def kernels_usable(device: torch.device) -> bool:
+    """The kernels write in place: a CPU, no autograd, and a compiler that built them."""
+    return device.type == "cpu" and not torch.is_grad_enabled() and extension() is not None
+
+
+# notebooks/10_fewer_passes.ipynb, cell 45
+DECODE_ROWS = 128            # a step of up to this many rows takes the decode choices, a longer one the prefill's
+
+
+# notebooks/10_fewer_passes.ipynb, cell 45
+def timed_linears(linear: Callable, linears: list[nn.Module], rows: int, dtype: torch.dtype) -> Callable:
+    """A call of `linear` on every layer in `linears`, x (rows, in_features): the matmuls of one step."""
+    g = torch.Generator().manual_seed(rows)
+    xs = {n: torch.randn(rows, n, generator=g).to(dtype) for n in {m.in_features for m in linears}}
+    return lambda: [linear(xs[m.in_features], m) for m in linears]
+
+
+# notebooks/10_fewer_passes.ipynb, cell 45
+def fusion_choices(model: nn.Module) -> dict[str, Choice]:
+    """For a LlamaModel on this CPU: per piece and kind of step, "cpp" (the kernel) or "torch" (PyTorch's op),
+    measured at the model's shapes in its dtype by timing.choose (once per process per shape)."""
+    cfg, dtype = model.config, model.embed_tokens.weight.dtype
+    shape = f"{dtype}, {cfg.hidden_size}/{cfg.intermediate_size}/{cfg.num_attention_heads}/{cfg.num_key_value_heads}"
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    choices = {}
+    with torch.no_grad():
+        for regime, rows in REGIMES.items():
+            for name, (unfused, fused) in kernel_cases(cfg, model.rotary, rows, dtype).items():
+                choices[f"{name}, {regime}"] = choose(f"fusion {name}, {rows} rows, {shape}",
+                                                      {"torch": unfused, "cpp": fused})
+        for rows in range(1, FEW_ROWS + 1) if linears else ():
+            calls = {name: timed_linears(ops.linear, linears, rows, dtype) for name, ops in
+                     (("torch", TORCH_OPS), ("cpp", CPP_OPS))}
+            choices[f"linear, {rows} row(s)"] = choose(f"fusion linear, {rows} rows, {len(linears)} Linears, {shape}",
+                                                       calls, repeat=3, warmup=1)
+    return choices
+
+
+# notebooks/10_fewer_passes.ipynb, cell 45
+def auto_ops(choices: dict[str, Choice], rows: int) -> PointwiseOps:
+    """For a step of `rows` rows, each piece by what `choices` measured faster there (PyTorch's op if unmeasured)."""
+    regime = "decode" if rows <= DECODE_ROWS else "prefill"
+
+    def pick(field: str, key: str) -> Callable:
+        chosen = choices.get(key)
+        return getattr(CPP_OPS if chosen is not None and chosen.name == "cpp" else TORCH_OPS, field)
+
+    return PointwiseOps(pick("add_rms_norm", f"add + RMSNorm, {regime}"), pick("silu_and_mul", f"SiLU x up, {regime}"),
+                        pick("rotary", f"rotary, {regime}"), pick("linear", f"linear, {rows} row(s)"))
+
+
+# notebooks/10_fewer_passes.ipynb, cell 46
+def pointwise_ops(device: torch.device, fusion: str = "auto", choices: dict[str, Choice] | None = None,
+                  rows: int = 1) -> PointwiseOps:
+    """fusion: "auto" (per piece, what `choices` measured faster for a step of `rows` rows; PyTorch's ops where the
+    kernels cannot run), "cpp" (every kernel), "torch", "compile"."""
     if fusion == "torch":
         return TORCH_OPS
     if fusion == "compile":
         return compiled_ops()
     if fusion not in ("auto", "cpp"):
         raise ValueError(f"fusion must be 'auto', 'cpp', 'torch' or 'compile', got {fusion!r}")
-    if device.type == "cpu" and not torch.is_grad_enabled() and extension() is not None:
-        return CPP_OPS                                    # the kernels write in place: no autograd through them
-    if fusion == "cpp":
-        raise RuntimeError("fusion='cpp' needs the C++ kernels on a CPU, without autograd, and a C++ compiler")
-    return TORCH_OPS
+    if not kernels_usable(device):
+        if fusion == "cpp":
+            raise RuntimeError("fusion='cpp' needs the C++ kernels on a CPU, without autograd, and a C++ compiler")
+        return TORCH_OPS
+    return CPP_OPS if fusion == "cpp" else auto_ops(choices or {}, rows)
