@@ -9,6 +9,7 @@ import torch
 
 from rosellm_edu.kernels import cpu_attention, cpu_paged_attention
 from rosellm_edu.layers.attention import grouped_attention
+from rosellm_edu.timing import CHOICES, Choice, choose
 
 
 # notebooks/03_continuous_batching.ipynb, cell 14
@@ -82,6 +83,14 @@ def gathered_prefill_attention(q, k_cache, v_cache, block_tables, context_lens, 
 
 
 # notebooks/09_attention_kernels.ipynb, cell 58
+PREFILL_OFFSETS = (0, 512, 1024, 2048)   # offset buckets: a batch counts as the largest its longest prefix reaches
+
+
+# notebooks/09_attention_kernels.ipynb, cell 58
+PREFILL_CHUNK = 128                      # queries of the chunk each bucket is measured on
+
+
+# notebooks/09_attention_kernels.ipynb, cell 58
 def decode_kernel(device: torch.device) -> Callable:
     """Decode attention on this device: Triton on a GPU; on a CPU this chapter's kernel, else chapter 04's, else
     the gather."""
@@ -126,7 +135,7 @@ class PagedAttention:
                   for rows in (new == 1, new > 1)]
         return cls(k_pool, v_pool, block_size, slots.to(device), *groups, decode_kernel(device))
 
-    # notebooks/09_attention_kernels.ipynb, cell 60
+    # notebooks/09_attention_kernels.ipynb, cell 61
     def attend(self, layer_idx: int, q, k, v):
         k_pool, v_pool = self.k_pool[layer_idx], self.v_pool[layer_idx]
         k_pool.index_copy_(0, self.slot_mapping, k)
@@ -148,7 +157,7 @@ class PagedAttention:
         out[rows] = prefill(q[rows], k_blocks, v_blocks, p.block_tables, p.context_lens, cu_query_lens, scale)
         return out
 
-    # notebooks/09_attention_kernels.ipynb, cell 60
+    # notebooks/09_attention_kernels.ipynb, cell 61
     def packed_prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows, cu_query_lens): the prefill group's stream rows, sequence after sequence, and their offsets (seqs + 1,)
         int32; computed on the first layer's call, then kept for the step."""
@@ -182,11 +191,40 @@ def group_of(rows: torch.Tensor, tables, computed, new, starts, block_size: int,
 
 # notebooks/09_attention_kernels.ipynb, cell 58
 def prefill_kernel(device: torch.device) -> Callable:
-    """Varlen prefill attention on this device: Triton on a GPU, this chapter's kernel on a CPU, the gather where
-    no kernel can be built."""
+    """Varlen prefill attention on this device: Triton on a GPU; on a CPU this chapter's kernel or the gather,
+    chosen by measurement; the gather where no kernel can be built."""
     if device.type == "cuda":
         from rosellm_edu.kernels.triton_paged_prefill import paged_prefill_attention
         return paged_prefill_attention
     if device.type == "cpu" and cpu_attention.extension() is not None:
-        return cpu_attention.paged_prefill_attention_cpu
+        return measured_prefill_attention
     return gathered_prefill_attention
+
+
+# notebooks/09_attention_kernels.ipynb, cell 59
+def measured_prefill_attention(q, k_cache, v_cache, block_tables, context_lens, cu_query_lens, scale: float):
+    """The varlen prefill contract through this chapter's kernel or the gather, whichever measured faster on this
+    machine for the batch's dtype, head layout and offset bucket."""
+    offset = int((context_lens - cu_query_lens.diff()).max())          # the batch's longest cached prefix
+    choice = prefill_choice(q.dtype, q.shape[1], *k_cache.shape[1:], offset)
+    path = cpu_attention.paged_prefill_attention_cpu if choice.name == "kernel" else gathered_prefill_attention
+    return path(q, k_cache, v_cache, block_tables, context_lens, cu_query_lens, scale)
+
+
+# notebooks/09_attention_kernels.ipynb, cell 59
+def prefill_choice(dtype, heads: int, block_size: int, kv_heads: int, head_dim: int, offset: int) -> Choice:
+    """Kernel or gather, timed once per process and bucket (timing.choose) on one chunk of PREFILL_CHUNK queries
+    after the bucket's offset, random K/V in shuffled blocks."""
+    bucket = max(b for b in PREFILL_OFFSETS if b <= offset)
+    key = f"prefill attention, {dtype}, {heads} heads over {kv_heads}x{head_dim}, block {block_size}, offset {bucket}"
+    if key in CHOICES:
+        return CHOICES[key]
+    g = torch.Generator().manual_seed(0)
+    blocks = -(-(bucket + PREFILL_CHUNK) // block_size)
+    k_cache, v_cache = torch.randn(2, blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
+    args = (torch.randn(PREFILL_CHUNK, heads, head_dim, generator=g).to(dtype), k_cache, v_cache,
+            torch.randperm(blocks, generator=g).to(torch.int32)[None],          # (1, blocks): scattered
+            torch.tensor([bucket + PREFILL_CHUNK], dtype=torch.int32),
+            torch.tensor([0, PREFILL_CHUNK], dtype=torch.int32), head_dim ** -0.5)
+    return choose(key, {"kernel": lambda: cpu_attention.paged_prefill_attention_cpu(*args),
+                        "gather": lambda: gathered_prefill_attention(*args)})
