@@ -92,7 +92,7 @@ class LLMEngine:
         self.speculative_config, self.spec_decoding_stats = spec, SpecDecodingStats()
         self.proposer = None if spec is None else self.make_proposer(spec, model)
 
-    # notebooks/11_weight_only_quantization.ipynb, cell 72
+    # notebooks/11_weight_only_quantization.ipynb, cell 75
     def load(self, model: str | None, dtype: str | torch.dtype, device: str | torch.device | None,
              quantization: str | None = None) -> None:
         """The model (its Linears quantized, or read from the GGUF as they ship) and tokenizer, and what the engine
@@ -297,7 +297,7 @@ class LLMEngine:
                 s.seq.prompt_logprobs.append(self.with_text(logprob_dict(row, token, s.seq.params.prompt_logprobs)))
             done += len(span)
 
-    # notebooks/12_speculative_decoding.ipynb, cell 48
+    # notebooks/12_speculative_decoding.ipynb, cell 49
     def make_proposer(self, spec: SpeculativeConfig, model: str | None):
         """The proposer speculative_config names; a draft model shares the target's device, dtype and block size."""
         if spec.method == "ngram":

@@ -8,6 +8,7 @@ import torch
 
 from rosellm_edu.kernels.build import build_cpp
 from rosellm_edu.kernels.cpu_fused import SOURCE as POINTWISE_SOURCE
+from rosellm_edu.timing import Choice, choose
 
 
 # notebooks/11_weight_only_quantization.ipynb, cell 23
@@ -170,11 +171,11 @@ def extension():
                      "quantized layers de-quantize with PyTorch ops instead", extra_cflags=("-fno-trapping-math",))
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 52
+# notebooks/11_weight_only_quantization.ipynb, cell 53
 def int4_linear_cpp(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """x (rows <= 4, K) @ W^T for W packed as qs (N, K/32, 16), d and m (N, K/32): W is read once, as 4 bits.
-    One bfloat16 row takes the CPU's bfloat16 dot product where it has one."""
-    if x.dtype == torch.bfloat16 and x.shape[0] == 1 and has_bf16_dot():
+    One bfloat16 row takes the loop bf16_row_choice measured faster here."""
+    if x.dtype == torch.bfloat16 and x.shape[0] == 1 and bf16_row_choice().name == "avx512-bf16":
         return extension().int4_linear_bf16(x.contiguous(), qs, d, m)
     return extension().int4_linear(x.contiguous(), qs, d, m)
 
@@ -332,3 +333,18 @@ def int8_linear_cpp(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> torch
 def int8_dequantize_cpp(qs: torch.Tensor, d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """W (N, K) in dtype, one pass over the Q8_0 groups."""
     return extension().int8_dequantize_out(qs, d, dtype)
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 53
+@functools.cache
+def bf16_row_choice() -> Choice:
+    """The loop for one bfloat16 row, measured once per process on a (2048, 1536) 4-bit weight: the portable loop
+    (the default) or, where the kernels were built with AVX512-BF16, the dot-product loop."""
+    gen = torch.Generator().manual_seed(0)
+    qs = torch.randint(0, 256, (2048, 48, 16), dtype=torch.uint8, generator=gen)     # (N, K/32, 16)
+    d, m = torch.rand(2, 2048, 48, generator=gen).half()                             # (N, K/32) each
+    x = torch.randn(1, 1536, generator=gen).bfloat16()
+    loops = {"portable": lambda: extension().int4_linear(x, qs, d, m)}
+    if has_bf16_dot():
+        loops["avx512-bf16"] = lambda: extension().int4_linear_bf16(x, qs, d, m)
+    return choose("int4 loop, one bfloat16 row", loops)

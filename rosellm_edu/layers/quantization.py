@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from rosellm_edu.kernels import cpu_quant
-from rosellm_edu.kernels.cpu_fused import FEW_ROWS
+from rosellm_edu.kernels.cpu_fused import FEW_ROWS, pointwise_ops
+from rosellm_edu.timing import Choice, choose
 
 
 # notebooks/11_weight_only_quantization.ipynb, cell 6
@@ -114,10 +115,10 @@ class Int4Linear(nn.Module):
 QUANTIZED_LINEARS = {"int8": Int8Linear, "int4": Int4Linear.from_linear}
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 58
+# notebooks/11_weight_only_quantization.ipynb, cell 60
 def quantize_model(model: nn.Module, method: str) -> nn.Module:
-    """Replace every Linear of the decoder layers by its quantized copy and a Llama's LM head by 8-bit groups, in
-    place. The embedding keeps the model's dtype: a lookup reads only the rows of the step's tokens."""
+    """Replace every Linear of the decoder layers by its quantized copy, in place, and a Llama's LM head by 8-bit
+    groups where head_choice measures them faster. The embedding keeps the model's dtype."""
     if method not in QUANTIZED_LINEARS:
         raise ValueError(f"quantize_model takes one of {sorted(QUANTIZED_LINEARS)}, got {method!r}")
     for layer in model.model.layers if hasattr(model, "model") else model.h:      # Llama, or GPT-2
@@ -125,9 +126,10 @@ def quantize_model(model: nn.Module, method: str) -> nn.Module:
             if isinstance(child, nn.Linear):
                 layer.set_submodule(name, QUANTIZED_LINEARS[method](child))
     head = getattr(model, "lm_head", None)
-    if isinstance(head, nn.Linear):                                      # GPT-2's head is its embedding table
+    if isinstance(head, nn.Linear) and head.bias is None:                # GPT-2's head is its embedding table
         tied = head.weight is model.model.embed_tokens.weight
-        model.lm_head = Int8GroupLinear.from_linear(head, dense=head.weight.detach() if tied else None)
+        q8 = Int8GroupLinear.from_linear(head, dense=head.weight.detach() if tied else None)
+        model.lm_head = faster_head(head, q8)
     return model
 
 
@@ -179,3 +181,23 @@ class Int8GroupLinear(nn.Module):
         if cpu:
             return F.linear(x, cpu_quant.int8_dequantize_cpp(self.qs, self.d, x.dtype))
         return F.linear(x, dequantize_q8_0(self.qs, self.d).to(x.dtype))                 # a GPU, or no compiler
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 57
+@torch.no_grad()
+def head_choice(dense: nn.Linear, q8: Int8GroupLinear) -> Choice:
+    """The LM head's format at one row, measured once per process, dtype and shape: the model's dtype through the
+    model's own linear (the default), or Q8_0 groups through the 8-bit loop."""
+    dtype = str(dense.weight.dtype).removeprefix("torch.")
+    x = torch.randn(1, dense.in_features).to(dense.weight.dtype)                     # (1, hidden)
+    linear = pointwise_ops(torch.device("cpu")).linear
+    return choose(f"LM head {dtype} {tuple(dense.weight.shape)}",
+                  {dtype: lambda: linear(x, dense), "Q8_0": lambda: q8(x)})
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 57
+def faster_head(dense: nn.Linear, q8: Int8GroupLinear) -> nn.Module:
+    """The head head_choice measured faster; off the CPU the dense one (Q8_0 there would expand every step)."""
+    if dense.weight.device.type == "cpu" and head_choice(dense, q8).name == "Q8_0":
+        return q8
+    return dense
