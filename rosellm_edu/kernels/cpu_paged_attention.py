@@ -100,7 +100,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
 def extension():
     """The compiled kernel, or None where it cannot be built and the engine gathers the blocks instead."""
     return build_cpp("rosellm_edu_paged_decode", SOURCE, ["paged_decode_attention"],
-                     "decode attention gathers K/V blocks with PyTorch instead, which is slower")
+                     "decode attention gathers K/V blocks with PyTorch instead")
 
 
 # notebooks/04_paged_attention.ipynb, cell 50
