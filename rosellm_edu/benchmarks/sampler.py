@@ -6,8 +6,8 @@ close to a small model's real next-token distributions (chapter 06 counts them o
 
 import argparse
 import json
+import statistics
 import sys
-import time
 from datetime import datetime, timezone
 
 import torch
@@ -15,6 +15,7 @@ import torch
 from rosellm_edu.layers import sampler
 from rosellm_edu.benchmarks.machine import describe
 from rosellm_edu.sampling_params import SamplingParams
+from rosellm_edu.timing import median_time
 
 SETTINGS = {
     "greedy": SamplingParams(temperature=0),
@@ -37,21 +38,16 @@ def fast(logits: torch.Tensor, params: SamplingParams, generator: torch.Generato
     return sampler.sample(logits, [params] * rows, [None] * rows, generator).token_ids
 
 
-def best_ms(fn, repeat: int) -> float:
-    return side_by_side_ms({"fn": fn}, repeat)["fn"]
-
-
 def side_by_side_ms(fns: dict, repeat: int) -> dict[str, float]:
-    """Best time of each function in ms, the runs interleaved so that a busy moment of a shared machine hits all."""
+    """Median time of each function in ms over `repeat` rounds after a warm-up, the runs interleaved so that a busy
+    moment of a shared machine hits all."""
     for fn in fns.values():
         fn()                                               # warm-up
-    best = {name: float("inf") for name in fns}
+    times = {name: [] for name in fns}
     for _ in range(repeat):
         for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], 1e3 * (time.perf_counter() - start))
-    return best
+            times[name].append(1e3 * median_time(fn, repeat=1, warmup=0))
+    return {name: statistics.median(ms) for name, ms in times.items()}
 
 
 def run(batch_sizes: list[int], vocab_sizes: list[int], scale: float, repeat: int, device: torch.device) -> list[dict]:
@@ -74,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-sizes", default="1,8,64,256")
     parser.add_argument("--vocab-sizes", default="49152,50257")
     parser.add_argument("--logit-scale", type=float, default=5.0)
-    parser.add_argument("--repeat", type=int, default=5, help="timed runs per cell; the best is reported")
+    parser.add_argument("--repeat", type=int, default=5, help="timed rounds per cell; the median is reported")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", help="also write the rows, machine and date to this file")
     args = parser.parse_args(argv)

@@ -57,7 +57,7 @@ class BlockManager:
     # notebooks/06_fast_sampling.ipynb, cell 93
     def prefix_hits(self, seq: Sequence) -> list[int]:
         """Cached blocks that hold the start of seq. The last token is never a hit: its logits are needed. Nor is any
-        token of a sequence that still owes prompt logprobs: those need the logits of every prompt position (NEW)."""
+        token of a sequence that still owes prompt logprobs: those need the logits of every prompt position."""
         hits, prev = [], None
         owes = seq.prompt_logprobs is not None and len(seq.prompt_logprobs) < len(seq.prompt_token_ids)
         if self.enable_prefix_caching and not owes:
