@@ -2,10 +2,11 @@
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
-import time
 from dataclasses import dataclass
 
 import torch
+
+from rosellm_edu.timing import median_time
 
 
 # notebooks/08_where_the_time_goes.ipynb, cell 12
@@ -15,17 +16,12 @@ def _synchronize(device: torch.device) -> None:
 
 
 # notebooks/08_where_the_time_goes.ipynb, cell 12
-def best_time(fn, device: torch.device, repeat: int = 5) -> float:
-    """The fastest of `repeat` calls, in seconds, after one warm-up call (the GPU waited for)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        _synchronize(device)
-        start = time.perf_counter()
+def device_time(fn, device: torch.device, repeat: int = 5) -> float:
+    """Seconds per call of fn(): timing.median_time of `repeat` calls after a warm-up, each waited for on a GPU."""
+    def synced():
         fn()
         _synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return best
+    return median_time(synced, repeat=repeat, warmup=1)
 
 
 # notebooks/08_where_the_time_goes.ipynb, cell 13
@@ -35,7 +31,7 @@ def memory_bandwidth(num_bytes: int = 256 * 2**20, device: str | torch.device = 
     device = torch.device(device)
     src = torch.ones(num_bytes // 4, device=device)
     dst = torch.empty_like(src)
-    return 2 * num_bytes / best_time(lambda: dst.copy_(src), device, repeat)
+    return 2 * num_bytes / device_time(lambda: dst.copy_(src), device, repeat)
 
 
 # notebooks/08_where_the_time_goes.ipynb, cell 13
@@ -46,7 +42,7 @@ def matmul_throughput(shapes: list[tuple[int, int, int]], dtype: torch.dtype, de
     best = 0.0
     for rows, d_in, d_out in shapes:
         x, w = torch.randn(rows, d_in, dtype=dtype, device=device), torch.randn(d_in, d_out, dtype=dtype, device=device)
-        best = max(best, 2 * rows * d_in * d_out / best_time(lambda: x @ w, device, repeat))
+        best = max(best, 2 * rows * d_in * d_out / device_time(lambda: x @ w, device, repeat))
     return best
 
 
