@@ -439,7 +439,7 @@ def fusion_choices(model: nn.Module) -> dict[str, Choice]:
     return choices
 
 
-# notebooks/10_fewer_passes.ipynb, cell 45
+# notebooks/10_fewer_passes.ipynb, cell 46
 def auto_ops(choices: dict[str, Choice], rows: int) -> PointwiseOps:
     """For a step of `rows` rows, each piece by what `choices` measured faster there (PyTorch's op if unmeasured)."""
     regime = "decode" if rows <= DECODE_ROWS else "prefill"
@@ -452,7 +452,7 @@ def auto_ops(choices: dict[str, Choice], rows: int) -> PointwiseOps:
                         pick("rotary", f"rotary, {regime}"), pick("linear", f"linear, {rows} row(s)"))
 
 
-# notebooks/10_fewer_passes.ipynb, cell 46
+# notebooks/10_fewer_passes.ipynb, cell 47
 def pointwise_ops(device: torch.device, fusion: str = "auto", choices: dict[str, Choice] | None = None,
                   rows: int = 1) -> PointwiseOps:
     """fusion: "auto" (per piece, what `choices` measured faster for a step of `rows` rows; PyTorch's ops where the
