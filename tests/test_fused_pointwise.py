@@ -6,10 +6,10 @@ import torch
 
 from rosellm_edu.kernels import cpu_fused
 from rosellm_edu import timing
-from rosellm_edu.kernels.cpu_fused import (CPP_OPS, DECODE_ROWS, TORCH_OPS, add_rms_norm_cpp, add_rms_norm_reference,
-                                           auto_ops, few_rows_linear_cpp, fusion_choices, linear_cpp, pointwise_ops,
-                                           rotary_cpp, rotary_reference, silu_and_mul_cpp, silu_and_mul_reference,
-                                           torch_linear)
+from rosellm_edu.kernels.cpu_fused import (CPP_OPS, DECODE_ROWS, FEW_ROWS, TORCH_OPS, add_rms_norm_cpp,
+                                           add_rms_norm_reference, auto_ops, few_rows_linear_cpp, fusion_choices,
+                                           linear_cpp, pointwise_ops, rotary_cpp, rotary_reference, silu_and_mul_cpp,
+                                           silu_and_mul_reference, torch_linear)
 
 pytestmark = pytest.mark.skipif(cpu_fused.extension() is None, reason="no C++ compiler: the kernels were not built")
 
@@ -97,9 +97,13 @@ def test_linear_cpp_takes_the_kernel_only_where_it_applies():
     with torch.no_grad():
         for layer, rows in [(plain, 4), (plain, 5), (biased, 1), (odd, 1)]:
             x = torch.randn(rows, layer.in_features, generator=g).to(torch.bfloat16)
-            torch.testing.assert_close(linear_cpp(x, layer), torch_linear(x, layer), atol=3e-2, rtol=1.6e-2)
-        x = torch.randn(2, 64, generator=g)
-        assert torch.equal(linear_cpp(x, plain.float()), torch_linear(x, plain.float()))   # float32: PyTorch's
+            applies = layer is plain and rows <= FEW_ROWS
+            if applies:      # the kernel: another summation order, so one bfloat16 rounding step apart
+                torch.testing.assert_close(linear_cpp(x, layer), torch_linear(x, layer), atol=3e-2, rtol=1.6e-2)
+            else:            # PyTorch's own path, bit for bit
+                assert torch.equal(linear_cpp(x, layer), torch_linear(x, layer))
+        x = torch.randn(2, 64, generator=g)                              # float32 goes to the kernel too
+        torch.testing.assert_close(linear_cpp(x, plain.float()), torch_linear(x, plain.float()))
 
 
 def test_kernels_refuse_bad_input_with_a_message_that_names_it():
