@@ -34,6 +34,7 @@ class Chapter:
     notebook: str
     title: str
     modules: list[str]
+    appendix: bool = False   # a side topic of the chapter before it, in book order like the chapters
 
 
 def load_book(root: Path = ROOT) -> tuple[str, list[Chapter]]:

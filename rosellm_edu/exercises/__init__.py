@@ -5,6 +5,10 @@ right answer, and prints one verdict: what is wrong on the first case that disag
 returns a Verdict, true when every case passed, and never raises, so "Run all" goes past an exercise the reader
 has not tried yet. Worked solutions are in `rosellm_edu.exercises.solutions.chNN`; the test suite runs every
 checker on them.
+
+A prediction checker (`checker(title, predicts=True)`) takes the reader's prediction, measures the same quantity
+on the engine, and accepts the prediction when it lands in an honest range of the measurement
+(`compare_prediction`): the reader reasons first, then the machine answers.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ class Mismatch(Exception):
     """The reader's answer differs from the reference; the message says where and how."""
 
 
-def checker(title: str) -> Callable:
-    """Turn `check(fn)`, which raises Mismatch on a wrong answer, into a checker that prints a verdict."""
+def checker(title: str, predicts: bool = False) -> Callable:
+    """Turn `check(fn)`, which raises Mismatch on a wrong answer, into a checker that prints a verdict.
+    `predicts`: the checker compares the reader's prediction with a measurement."""
     def wrap(check: Callable) -> Callable:
         @functools.wraps(check)
         def run(fn: Callable) -> Verdict:
@@ -55,7 +60,7 @@ def checker(title: str) -> Callable:
             print(f"✓ {title}: {passed}")
             return Verdict(True)
 
-        run.title = title
+        run.title, run.predicts = title, predicts
         return run
 
     return wrap
@@ -78,3 +83,17 @@ def expect_equal(got, expected, what: str) -> None:
     """Raise Mismatch unless got == expected (plain values: ints, lists, tuples, strings)."""
     if got != expected:
         raise Mismatch(f"{what}: got {got!r}, expected {expected!r}")
+
+
+def compare_prediction(predicted, measured: float, what: str, within: tuple[float, float] = (0.8, 1.25),
+                       unit: str = "") -> str:
+    """Raise Mismatch unless predicted / measured lies in `within`; else say how close the prediction was."""
+    if isinstance(predicted, bool) or not isinstance(predicted, (int, float)):
+        raise Mismatch(f"{what}: predict a number, got {type(predicted).__name__}")
+    low, high = within
+    said = f"you predicted {predicted:.4g}{unit}, the engine measured {measured:.4g}{unit}"
+    ratio = predicted / measured if measured else (1.0 if predicted == 0 else float("inf"))
+    if not low <= ratio <= high:
+        raise Mismatch(f"{what}: {said}, {ratio:.2f}x of it; an estimate that models what the engine does "
+                       f"lands within {low:g}x to {high:g}x")
+    return f"{what}: {said} ({ratio:.2f}x of it, within {low:g}x to {high:g}x)"
