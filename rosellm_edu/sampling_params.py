@@ -46,7 +46,7 @@ class SamplingParams:
         check_sampling(self)
         check_penalties(self)
         check_samples(self)
-        check_outputs(self)                                                          # what this chapter adds
+        check_outputs(self)                                                          # what chapter 06 adds
 
 
 # notebooks/01_token_generation.ipynb, cell 8

@@ -68,7 +68,7 @@ class Sequence:
 
     # notebooks/08_where_the_time_goes.ipynb, cell 32
     def output(self) -> RequestOutput:
-        """The request's output so far. NEW: it shares the sequence's lists instead of copying them every step (a
+        """The request's output so far. It shares the sequence's lists instead of copying them every step (a
         finished request's never change again; a running one's grow: copy them if you keep one)."""
         completion = CompletionOutput(0, self.text, self.output_token_ids, self.finish_reason, self.stop_reason,
                                       self.sampling_mask, self.sampling_logz, self.cumulative_logprob, self.logprobs)
@@ -129,7 +129,7 @@ class Sequence:
 
     # notebooks/08_where_the_time_goes.ipynb, cell 32
     def token_slice(self, start: int, end: int) -> list[int]:
-        """token_ids[start:end], reading only those positions (NEW: token_ids builds all of them)."""
+        """token_ids[start:end], reading only those positions (token_ids builds all of them)."""
         prompt_len = len(self.prompt_token_ids)
         if end <= prompt_len:
             return self.prompt_token_ids[start:end]

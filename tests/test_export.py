@@ -5,6 +5,7 @@ cell is "cell n + 1".
 """
 
 import ast
+import re
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,7 @@ import nbformat
 import pytest
 
 from rosellm_edu.book import add_to_class
-from rosellm_edu.book import chapter, export
+from rosellm_edu.book import changes, chapter, export
 from rosellm_edu.book.fold import GENERATED
 
 ADD = "from rosellm_edu.book import add_to_class\n\n"
@@ -193,6 +194,32 @@ def test_new_markers_tell_the_reader_what_changed_and_stay_out_of_the_package(tm
                                             "    y = 2  # NEW\n    return x + y  # why, not new"]})
     text = module_text(root)
     assert "NEW" not in text and "    x = 1  # one\n    y = 2\n    return x + y  # why, not new" in text
+
+
+def test_docstrings_lose_new_marks_and_name_the_chapter_they_came_from(tmp_path):
+    root = make_book(tmp_path, {"04_a.ipynb": ['#| export toy\ndef a():\n    """Logits (NEW: of drafts) and more (NEW). '
+                                               'NEW: the rows. This chapter\'s kernel, as before this chapter."""']})
+    text = module_text(root)
+    assert '"""Logits (of drafts) and more. The rows. Chapter 04\'s kernel, as before chapter 04."""' in text
+
+
+def test_the_generated_package_says_neither_new_nor_this_chapter():
+    for path, text in export.generate().items():
+        assert not re.search(r"\bNEW\b|\b[Tt]his (?:chapter|appendix)\b", text), path
+
+
+def test_show_changes_diffs_a_definition_before_and_after_a_cell(tmp_path):
+    root = make_book(tmp_path, {"a.ipynb": [TOY_CLASS],
+                                "b.ipynb": ["#| export toy\n" + ADD + "@add_to_class(Toy)\ndef f(self):\n"
+                                            "    return 'new f'", "#| export toy\ndef other():\n    pass"]})
+    diff = changes.changes("b.ipynb", "Toy.f", root=root).splitlines()
+    assert diff[:2] == ["--- Toy.f, as notebooks/a.ipynb, cell 2 left it",
+                        "+++ Toy.f, as notebooks/b.ipynb, cell 2 makes it"]
+    assert [line for line in diff[3:] if line[0] in "+-"] == ['-    return "old f"', "+    return 'new f'"]
+    with pytest.raises(ValueError, match="first defined in notebooks/b.ipynb, cell 3"):
+        changes.changes("b.ipynb", "other", root=root)
+    with pytest.raises(ValueError, match="no export cell of a.ipynb defines nothing"):
+        changes.changes("a.ipynb", "nothing", root=root)
 
 
 def test_a_method_added_to_a_class_no_earlier_cell_defines_is_an_error_naming_cell_and_class(tmp_path):

@@ -16,6 +16,7 @@ deleted. With ``--check``, nothing is written: it exits 1 and names every file t
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tomllib
 from dataclasses import dataclass
@@ -63,8 +64,18 @@ def exported_cells(notebook: str, root: Path = ROOT) -> list[Cell]:
         except ValueError as error:
             raise ValueError(f"notebooks/{notebook}, cell {index}: {error}") from None
         if module is not None:
-            cells.append(Cell(notebook, index, module, cell.source.partition("\n")[2]))
+            cells.append(Cell(notebook, index, module, for_the_library(cell.source.partition("\n")[2], notebook)))
     return cells
+
+
+def for_the_library(body: str, notebook: str) -> str:
+    """A cell's text as the package keeps it: a chapter's "NEW" marks go (new to the reader, not to the package) and
+    "this chapter" names the chapter."""
+    number = notebook.split("_")[0]
+    body = re.sub(r"\b(t|T)his (chapter|appendix)\b", lambda m: f"{'cC'[m[1] == 'T']}hapter {number}"
+                  if m[2] == "chapter" else f"{'aA'[m[1] == 'T']}ppendix {number}", body)
+    body = re.sub(r"(?<=\. )NEW: ([a-z])", lambda m: m[1].upper(), body)          # a sentence goes on capitalised
+    return re.sub(r" ?\(NEW\)|\bNEW: ?", "", body)
 
 
 def fold_chapters(chapters: list[Chapter], root: Path = ROOT) -> dict[str, str]:

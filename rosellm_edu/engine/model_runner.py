@@ -77,7 +77,7 @@ class ModelRunner:
     # notebooks/12_speculative_decoding.ipynb, cell 29
     def run_eager(self, batch: list[ScheduledSeq], tables: torch.Tensor | list[list[int]],
                   keep: list[range] | None = None) -> torch.Tensor:
-        """One forward pass over the batch's new tokens. Logits of the sampled positions (NEW: 1 + drafts of a
+        """One forward pass over the batch's new tokens. Logits of the sampled positions (1 + drafts of a
         speculating row), in batch order, then those of the positions keep[i] of each batch[i], in order."""
         ids, positions, sampled_rows, kept_rows, start = [], [], [], [], 0
         for i, s in enumerate(batch):
@@ -96,7 +96,7 @@ class ModelRunner:
 
     # notebooks/12_speculative_decoding.ipynb, cell 29
     def is_decode(self, batch: list[ScheduledSeq]) -> bool:
-        """Every row computes one token of its own and samples from it (NEW: no drafts)."""
+        """Every row computes one token of its own and samples from it (no drafts)."""
         return 0 < len(batch) <= self.max_num_seqs and all(s.num_new == 1 and s.samples and not s.draft_token_ids
                                                            for s in batch)
 
@@ -109,7 +109,7 @@ class ModelRunner:
     def prepare_decode(self, batch: list[ScheduledSeq], tables: torch.Tensor | list[list[int]], rows: int) -> int:
         """Write the batch into the first `rows` rows of the static buffers, padding rows after it; returns the
         block-table width the batch uses. A padded row is token 0 at position 0, whose K/V go to the scratch
-        slot and whose context is that one slot: harmless, and finite. NEW: tables is (len(batch), width) int32."""
+        slot and whose context is that one slot: harmless, and finite. Tables is (len(batch), width) int32."""
         bs, scratch, n = self.kv_cache.block_size, self.kv_cache.scratch_block, len(batch)
         tables = tables if isinstance(tables, torch.Tensor) else padded_tables(tables)     # lists: padded once
         width = tables.shape[1]
@@ -168,7 +168,7 @@ class ModelRunner:
 # notebooks/08_where_the_time_goes.ipynb, cell 43
 def table_rows(block_tables: BlockTable | dict[str, list[int]], batch: list[ScheduledSeq], block_size: int) -> torch.Tensor:
     """(seqs, width) int32 block ids of the batch, width the most blocks any of them uses this step: gathered from
-    a BlockTable's rows, or (as before this chapter) padded from lists."""
+    a BlockTable's rows, or (as before chapter 08) padded from lists."""
     width = max((-(-(s.num_computed + s.num_new) // block_size) for s in batch), default=1)
     ids = [s.seq.request_id for s in batch]
     if isinstance(block_tables, BlockTable):

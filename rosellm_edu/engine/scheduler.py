@@ -29,7 +29,7 @@ class ScheduledSeq:
 
     @property
     def logit_positions(self) -> range:
-        """The positions whose logits are sampled: the last real token's, and each draft's (NEW)."""
+        """The positions whose logits are sampled: the last real token's, and each draft's."""
         return range(max(self.num_computed, len(self.seq) - 1), self.end) if self.samples else range(0)
 
     def token_ids(self) -> list[int]:
@@ -71,7 +71,7 @@ class Scheduler:
 
     # notebooks/12_speculative_decoding.ipynb, cell 23
     def schedule(self, drafts: dict[str, list[int]] | None = None) -> list[ScheduledSeq]:
-        """NEW: drafts[request_id], guesses after a decoding sequence's end, go with it when blocks and budget allow."""
+        """drafts[request_id], guesses after a decoding sequence's end, go with it when blocks and budget allow."""
         drafts = drafts or {}
         budget, batch, preemptions = self.max_num_batched_tokens, [], self.num_preemptions
         i = 0

@@ -92,9 +92,9 @@ PREFILL_CHUNK = 128                      # queries of the chunk each bucket is m
 
 # notebooks/09_attention_kernels.ipynb, cell 58
 def decode_kernel(device: torch.device) -> Callable:
-    """Decode attention on this device: Triton on a GPU; on a CPU this chapter's kernel, else chapter 04's, else
+    """Decode attention on this device: Triton on a GPU; on a CPU chapter 09's kernel, else chapter 04's, else
     the gather."""
-    if device.type == "cuda":                      # split-k Triton (this chapter's GPU section)
+    if device.type == "cuda":                      # split-k Triton (chapter 09's GPU section)
         from rosellm_edu.kernels.triton_paged_prefill import paged_decode_attention_split_k
         return paged_decode_attention_split_k
     if device.type == "cpu" and cpu_attention.extension() is not None:
@@ -121,7 +121,7 @@ class PagedAttention:
     @classmethod
     def build(cls, k_pool, v_pool, block_size: int, block_tables: list[list[int]] | torch.Tensor, num_computed: list[int],
               num_new: list[int]) -> "PagedAttention":
-        """NEW: block_tables may be the (seqs, width) int32 rows a BlockTable gathered; the slots and groups are
+        """block_tables may be the (seqs, width) int32 rows a BlockTable gathered; the slots and groups are
         computed with tensor operations, not per position in Python."""
         tables = block_tables if isinstance(block_tables, torch.Tensor) else padded_tables(block_tables)
         tables = tables.cpu()
@@ -191,7 +191,7 @@ def group_of(rows: torch.Tensor, tables, computed, new, starts, block_size: int,
 
 # notebooks/09_attention_kernels.ipynb, cell 58
 def prefill_kernel(device: torch.device) -> Callable:
-    """Varlen prefill attention on this device: Triton on a GPU; on a CPU this chapter's kernel or the gather,
+    """Varlen prefill attention on this device: Triton on a GPU; on a CPU chapter 09's kernel or the gather,
     chosen by measurement; the gather where no kernel can be built."""
     if device.type == "cuda":
         from rosellm_edu.kernels.triton_paged_prefill import paged_prefill_attention
@@ -203,7 +203,7 @@ def prefill_kernel(device: torch.device) -> Callable:
 
 # notebooks/09_attention_kernels.ipynb, cell 59
 def measured_prefill_attention(q, k_cache, v_cache, block_tables, context_lens, cu_query_lens, scale: float):
-    """The varlen prefill contract through this chapter's kernel or the gather, whichever measured faster on this
+    """The varlen prefill contract through chapter 09's kernel or the gather, whichever measured faster on this
     machine for the batch's dtype, head layout and offset bucket."""
     offset = int((context_lens - cu_query_lens.diff()).max())          # the batch's longest cached prefix
     choice = prefill_choice(q.dtype, q.shape[1], *k_cache.shape[1:], offset)
