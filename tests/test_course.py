@@ -1,5 +1,7 @@
 """The book's standard, checked on every chapter: cells a reader can hold, a recap, a box on production engines,
-exercises, a picture, the machine named beside any timing, and no measured figure copied into prose."""
+exercises (one of them a prediction checked against a measurement), a picture, the machine named beside any
+timing, no measured figure copied into prose, and a length a newcomer can finish. Appendices hold side topics: they
+are listed in book.toml right after their chapter, executed and exported like the chapters."""
 
 import json
 import re
@@ -10,8 +12,12 @@ import pytest
 from rosellm_edu.book.export import load_book
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = [chapter.notebook for chapter in load_book()[1]]
+BOOK = load_book()[1]
+CHAPTERS = [chapter.notebook for chapter in BOOK if not chapter.appendix]
+APPENDICES = [chapter.notebook for chapter in BOOK if chapter.appendix]
 MAX_CELL_LINES = 40
+MAX_CHAPTER_WORDS = 3_500          # prose (markdown) per numbered chapter
+MAX_BOOK_WORDS = 55_000            # prose of the whole book, appendices included
 # A number with a unit that only a measurement produces: a time, a rate, a speed-up.
 MEASURED = re.compile(r"\b\d[\d,]*(?:\.\d+)? ?(?:ms|µs|us|ns|s|tok/s|tokens/s|GB/s|GFLOP/s|TFLOP/s)\b"
                       r"|\b\d+(?:\.\d+)? ?[x×] (?:faster|slower)\b")
@@ -28,7 +34,7 @@ def outputs(notebook: str) -> list[dict]:
     return [out for cell in nb["cells"] if cell["cell_type"] == "code" for out in cell.get("outputs", [])]
 
 
-@pytest.mark.parametrize("notebook", CHAPTERS)
+@pytest.mark.parametrize("notebook", CHAPTERS + APPENDICES)
 def test_no_code_cell_is_longer_than_a_reader_can_hold(notebook):
     long = [(i, n) for i, src in enumerate(cells(notebook, "code")) if (n := len(src.splitlines())) > MAX_CELL_LINES]
     assert not long, f"{notebook}: code cells (index among code cells, lines) over {MAX_CELL_LINES}: {long}"
@@ -50,14 +56,14 @@ def test_each_chapter_has_a_picture(notebook):
     assert plotted or drawn, notebook
 
 
-@pytest.mark.parametrize("notebook", CHAPTERS)
+@pytest.mark.parametrize("notebook", CHAPTERS + APPENDICES)
 def test_a_chapter_that_times_anything_names_the_machine(notebook):
     code = "\n".join(cells(notebook, "code"))
     if TIMES.search(code):
         assert "machine_line()" in code, f"{notebook} times something but never prints machine_line()"
 
 
-@pytest.mark.parametrize("notebook", CHAPTERS)
+@pytest.mark.parametrize("notebook", CHAPTERS + APPENDICES)
 def test_prose_quotes_no_measured_number(notebook):
     quoted = [m.group(0) for src in cells(notebook, "markdown") for m in MEASURED.finditer(src)]
     assert not quoted, f"{notebook}: prose copies measured figures {quoted}; point at the printed output instead"
@@ -115,7 +121,7 @@ def test_the_data_of_each_machine_names_it():
         assert m.key == m.folder.name and m.record["device"], m.folder
 
 
-@pytest.mark.parametrize("notebook", CHAPTERS)
+@pytest.mark.parametrize("notebook", CHAPTERS + APPENDICES)
 def test_no_authoring_words_in_the_prose(notebook):
     found = [m.group(0) for src in cells(notebook, "markdown") for m in AUTHORING.finditer(src)]
     assert not found, f"{notebook}: {found}"
@@ -128,5 +134,50 @@ def test_no_authoring_words_in_the_readme():
 
 def test_chapter_00_maps_every_chapter_of_the_book():
     shown = "".join("".join(out.get("data", {}).get("text/markdown", "")) for out in outputs("00_the_model.ipynb"))
-    missing = [c.title for c in load_book()[1] if c.title not in shown]
+    missing = [c.title for c in BOOK if c.title not in shown]
     assert not missing, f"chapter 00's map (its printed output) lacks {missing}: re-run the notebook"
+
+
+def prose_words(notebook: str) -> int:
+    return sum(len(src.split()) for src in cells(notebook, "markdown"))
+
+
+@pytest.mark.parametrize("notebook", CHAPTERS)
+def test_a_chapter_is_short_enough_to_finish(notebook):
+    words = prose_words(notebook)
+    assert words <= MAX_CHAPTER_WORDS, f"{notebook}: {words} words of prose; move side topics to an appendix or cut"
+
+
+def test_the_whole_book_is_short_enough_to_finish():
+    words = sum(prose_words(c.notebook) for c in BOOK)
+    assert words < MAX_BOOK_WORDS, f"the book has {words} words of prose, appendices included"
+
+
+def test_every_notebook_is_in_the_book_in_order_and_each_appendix_follows_its_chapter():
+    on_disk = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+    assert [c.notebook for c in BOOK] == on_disk, "book.toml must list every notebook, in file-name order"
+    for chapter in BOOK:
+        number = chapter.notebook.split("_")[0]
+        assert bool(re.fullmatch(r"\d\d[a-z]", number)) == chapter.appendix, \
+            f"{chapter.notebook}: appendices are named NNa_..., after chapter NN, with appendix = true"
+        if chapter.appendix:
+            assert number[:2] in [c.notebook[:2] for c in BOOK if not c.appendix], f"{chapter.notebook}: no chapter"
+
+
+@pytest.mark.parametrize("notebook", APPENDICES)
+def test_an_appendix_names_its_chapter_is_executed_and_ends_with_a_recap(notebook):
+    prose = "\n".join(cells(notebook, "markdown"))
+    assert re.search(rf"\b[Cc]hapter {notebook[:2]}\b", prose), f"{notebook} never names chapter {notebook[:2]}"
+    assert re.search(r"^## Recap", prose, re.M), notebook
+    nb = json.loads((ROOT / "notebooks" / notebook).read_text())
+    unrun = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and c["execution_count"] is None]
+    assert not unrun, f"{notebook}: code cells {unrun} were never executed; run the appendix top to bottom"
+
+
+@pytest.mark.parametrize("notebook", CHAPTERS)
+def test_each_chapter_has_an_exercise_that_checks_a_prediction_against_a_measurement(notebook):
+    import importlib
+    exercises = importlib.import_module(f"rosellm_edu.exercises.ch{notebook[:2]}")
+    predicting = [name for name in dir(exercises)
+                  if name.startswith("check_") and getattr(getattr(exercises, name), "predicts", False)]
+    assert predicting, f"{notebook}: no exercise asks for a prediction and measures it (checker(..., predicts=True))"

@@ -11,7 +11,7 @@ import pytest
 from rosellm_edu.book.export import load_book
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = [chapter.notebook for chapter in load_book()[1]]
+CHAPTERS = [chapter.notebook for chapter in load_book()[1] if not chapter.appendix]
 
 
 def chapter_modules(notebook: str):
@@ -50,3 +50,14 @@ def test_the_notebook_calls_each_of_its_checkers(notebook):
     code = "\n".join("".join(cell["source"]) for cell in cells if cell["cell_type"] == "code")
     for name in checkers(chapter_modules(notebook)[0]):
         assert f"{name}(" in code, f"{notebook} never calls {name}"
+
+
+@pytest.mark.parametrize("notebook", CHAPTERS)
+def test_a_prediction_far_from_the_measurement_is_rejected(notebook, capsys):
+    exercises, solutions = chapter_modules(notebook)
+    for name, check in checkers(exercises).items():
+        if getattr(check, "predicts", False):
+            right = solutions.SOLUTIONS[name]
+            wrong = (lambda *a, **k: 10 * right(*a, **k)) if callable(right) else 10 * right
+            assert not check(wrong), f"{name} accepts ten times its worked solution"
+            assert capsys.readouterr().out.startswith("✗ "), name
