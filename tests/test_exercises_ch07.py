@@ -2,9 +2,8 @@
 
 import json
 
-from rosellm_edu.exercises.ch07 import check_body_to_params, check_chat_usage, check_parse_sse
-from rosellm_edu.exercises.solutions.ch07 import body_to_params, chat_usage, parse_sse
-from rosellm_edu.sampling_params import SamplingParams
+from rosellm_edu.exercises.ch07 import check_chat_usage, check_engine_steps, check_parse_sse
+from rosellm_edu.exercises.solutions.ch07 import chat_usage, predict_steps
 
 
 def test_parse_sse_that_needs_the_space_after_data_is_rejected(capsys):
@@ -67,32 +66,29 @@ def test_chat_usage_with_a_wrong_total_is_rejected(capsys):
     assert "total_tokens" in capsys.readouterr().out
 
 
-def test_body_to_params_that_ignores_unknown_fields_is_rejected(capsys):
-    def lenient(body):
-        known = {k: v for k, v in body.items() if k in {"temperature", "top_p", "top_k", "seed", "stop",
-                                                         "ignore_eos"} and v is not None}
-        return SamplingParams(max_tokens=body.get("max_tokens", 16), **known)
+def test_a_step_count_that_sums_the_requests_is_rejected_with_a_hint(capsys):
+    def one_at_a_time(max_tokens, arrivals, max_num_seqs):
+        return sum(max_tokens)
 
-    assert not check_body_to_params(lenient)
+    assert not check_engine_steps(one_at_a_time)
     out = capsys.readouterr().out
-    assert "presence_penalty" in out and "must refuse" in out
+    assert "arrivals [0, 0, 0, 0, 0]" in out and "share each step" in out
 
 
-def test_body_to_params_that_passes_none_through_is_rejected(capsys):
-    def passes_none(body):
-        fields = {k: body[k] for k in ("temperature", "top_p", "top_k", "seed", "stop", "ignore_eos") if k in body}
-        return SamplingParams(max_tokens=body.get("max_tokens", 16), **fields)
+def test_a_step_count_that_ignores_arrivals_and_seats_is_rejected(capsys):
+    def longest(max_tokens, arrivals, max_num_seqs):
+        return sum(max_tokens) if arrivals[0] is None else max(max_tokens)
 
-    assert not check_body_to_params(passes_none)
-    assert "None" in capsys.readouterr().out
+    assert not check_engine_steps(longest)
+    out = capsys.readouterr().out
+    assert "arrivals [0, 2, 4, 6, 14]" in out and "seats at most 4" in out
 
 
-def test_body_to_params_whose_error_does_not_name_the_field_is_rejected(capsys):
-    def vague(body):
-        try:
-            return body_to_params(body)
-        except ValueError:
-            raise ValueError("bad request") from None
+def test_a_step_count_off_by_one_is_rejected(capsys):
+    assert not check_engine_steps(lambda *workload: predict_steps(*workload) + 1)
+    assert "within 0.98x to 1.02x" in capsys.readouterr().out
 
-    assert not check_body_to_params(vague)
-    assert "does not name 'presence_penalty'" in capsys.readouterr().out
+
+def test_a_prediction_that_is_not_a_number_is_rejected(capsys):
+    assert not check_engine_steps(lambda *workload: str(predict_steps(*workload)))
+    assert "predict a number" in capsys.readouterr().out

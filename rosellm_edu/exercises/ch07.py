@@ -1,12 +1,12 @@
-"""Checkers for chapter 07's exercises: reading an SSE stream, a chat answer's usage, a request body into
-SamplingParams."""
+"""Checkers for chapter 07's exercises: reading an SSE stream, a chat answer's usage, and a prediction of the
+steps the engine takes to serve requests that share its batch, compared with a count on a real engine."""
 
 from __future__ import annotations
 
 import functools
 import json
 
-from rosellm_edu.exercises import Mismatch, checker, expect_equal
+from rosellm_edu.exercises import Mismatch, checker, compare_prediction, expect_equal
 
 
 @functools.cache
@@ -68,43 +68,83 @@ def check_chat_usage(chat_usage) -> str:
     return f"usage matches the server's on {len(cases)} conversations."
 
 
-def _reference_params(body: dict):
-    """The server's answer: SamplingParams, or the ValueError (pydantic's included) that refuses the body."""
-    from rosellm_edu.entrypoints.openai.protocol import CompletionRequest
-    try:
-        request = CompletionRequest.model_validate(body)
-        return request.to_sampling_params(request.max_tokens)
-    except ValueError as e:
-        return e
+MAX_NUM_SEQS = 4   # exercise 3's engine: at most this many requests in the running batch
+# Exercise 3's workloads: (max_tokens of each request, the steps the engine has taken when each is added; None:
+# once every earlier request has finished, as the one-at-a-time server ran them).
+STEP_CASES = [([16, 4, 4, 4, 4], [None] * 5),   # the chapter's workload, scaled down, one at a time
+              ([16, 4, 4, 4, 4], [0] * 5),      # all in the batch from the start
+              ([16, 4, 4, 4, 4], [0, 2, 4, 6, 14]),
+              ([4] * 6, [0] * 6)]
 
 
-GOOD = [{"model": "m", "prompt": "Hi"},
-        {"model": "m", "prompt": "Hi", "max_tokens": 8, "temperature": 0, "top_k": 40, "stop": "\n"},
-        {"model": "m", "prompt": "Hi", "temperature": 0.7, "top_p": 0.9, "seed": 3, "ignore_eos": True,
-         "stop": ["a", "b"], "n": 1, "stream": True},
-        {"model": "m", "prompt": "Hi", "top_p": None, "temperature": None, "seed": None}]
-BAD = [({"model": "m", "prompt": "Hi", "presence_penalty": 0.5}, "presence_penalty"),
-       ({"model": "m", "prompt": "Hi", "n": 2}, "n"),
-       ({"model": "m", "prompt": "Hi", "top_p": 1.5}, "top_p"),
-       ({"model": "m", "prompt": "Hi", "max_tokens": 0}, "max_tokens"),
-       ({"model": "m"}, "prompt")]
+@functools.cache
+def _step_engine():
+    """An engine on a tiny random Llama with the book model's tokenizer: the steps do not depend on the weights,
+    and a tiny model takes them in milliseconds."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rosellm_edu.engine.llm_engine import LLMEngine
+    from rosellm_edu.model_loader import resolve_model
+
+    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    with tempfile.TemporaryDirectory() as path, torch.random.fork_rng():
+        torch.manual_seed(0)
+        LlamaForCausalLM(config).save_pretrained(path)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(Path(resolve_model()) / name, path)
+        engine = LLMEngine(path, dtype="float32", num_kv_blocks=64, max_num_seqs=MAX_NUM_SEQS)
+    engine.model.model.fusion = "torch"   # no kernel calibration at the first step: speed is not what is counted
+    return engine
 
 
-@checker("body_to_params")
-def check_body_to_params(body_to_params) -> str:
-    for body in GOOD:
-        expect_equal(body_to_params(dict(body)), _reference_params(body), f"body_to_params({body})")
-    for body, field in BAD:   # the chapter's first server refused these; the final one implements n and penalties
+def engine_steps(max_tokens: list[int], arrivals: list[int | None], tag: str) -> int:
+    """The steps a real engine takes to serve the workload. An idle engine takes no steps: the next request is
+    added at once (a None arrival waits for exactly that)."""
+    from rosellm_edu.sampling_params import SamplingParams
+
+    engine, pending, steps = _step_engine(), list(enumerate(zip(max_tokens, arrivals))), 0
+    while pending or engine.has_unfinished_requests():
+        busy = engine.has_unfinished_requests()
+        while pending and (not busy or (pending[0][1][1] is not None and pending[0][1][1] <= steps)):
+            i, (n, _) = pending.pop(0)
+            engine.add_request(f"{tag}-{i}", "The capital of France is",
+                               SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+            busy = True
+        engine.step()
+        steps += 1
+    return steps
+
+
+@functools.cache
+def measured_steps() -> tuple[int, ...]:
+    return tuple(engine_steps(n, at, f"case{k}") for k, (n, at) in enumerate(STEP_CASES))
+
+
+def _steps_hint(max_tokens: list[int], arrivals: list, predicted) -> str:
+    if predicted == sum(max_tokens) and arrivals[0] is not None:
+        return "; requests in the batch share each step: one step gives every running request a token"
+    if arrivals[-1] is not None and predicted == max(max_tokens):
+        return ("; a request joins at the step it is added and needs max_tokens steps from there, and the batch "
+                f"seats at most {MAX_NUM_SEQS}")
+    return ""
+
+
+@checker("Predict the engine's steps, then count them", predicts=True)
+def check_engine_steps(predict) -> str:
+    """predict(max_tokens, arrivals, max_num_seqs) -> the steps the engine takes, against a count on the engine."""
+    predicted = [predict(list(n), list(at), MAX_NUM_SEQS) for n, at in STEP_CASES]   # the reader's numbers first
+    said = []
+    for (n, at), guess, measured in zip(STEP_CASES, predicted, measured_steps()):
+        what = f"max_tokens {n}, arrivals {at}"
         try:
-            got = body_to_params(dict(body))
-        except ValueError as e:
-            if field not in str(e):
-                raise Mismatch(f"body_to_params({body}) raised ValueError({str(e)!r}), which does not name "
-                               f"{field!r}") from None
-            continue
-        except Exception as e:
-            raise Mismatch(f"body_to_params({body}) raised {type(e).__name__}: {e}; expected a ValueError "
-                           f"naming {field!r}") from None
-        raise Mismatch(f"body_to_params({body}) returned {got!r}; it must refuse the body with a ValueError "
-                       f"naming {field!r}")
-    return f"{len(GOOD)} bodies mapped as the server maps them, {len(BAD)} refused with the field named."
+            said.append(compare_prediction(guess, measured, what, within=(0.98, 1.02), unit=" steps"))
+        except Mismatch as wrong:
+            raise Mismatch(f"{wrong}{_steps_hint(n, at, guess)}") from None
+    return "; ".join(said)

@@ -1,4 +1,4 @@
-# Generated from notebooks/07_serving.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/07_serving.ipynb, notebooks/07a_server_hardening.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -82,15 +82,10 @@ class OpenAIError(Exception):
         return JSONResponse(ErrorResponse(error=self.info).model_dump(), status_code=self.status)
 
 
-# notebooks/07_serving.ipynb, cell 55
-def from_validation_error(exc: RequestValidationError) -> OpenAIError:
-    """The first thing pydantic found wrong with the body, in OpenAI's form."""
-    error = exc.errors()[0]
-    if error["type"] == "json_invalid":
-        return OpenAIError(400, f"the request body is not valid JSON ({error['ctx']['error']})")
-    param = ".".join(str(part) for part in error["loc"][1:]) or None   # loc starts with "body"
-    message = error["msg"].removeprefix("Value error, ")
-    return OpenAIError(400, f"{param}: {message}" if param else f"request body: {message}", param)
+# notebooks/07_serving.ipynb, cell 53
+ERRORS = {status: {"model": ErrorResponse, "description": why} for status, why in [
+    (400, "the request is invalid"), (404, "no such model"), (413, "the body is too large"),
+    (500, "the engine failed this request"), (503, "the engine has stopped")]}
 
 
 # notebooks/07_serving.ipynb, cell 55
@@ -115,54 +110,39 @@ async def openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
     return exc.response()
 
 
-# notebooks/07_serving.ipynb, cell 56
+# notebooks/07a_server_hardening.ipynb, cell 5
+def from_validation_error(exc: RequestValidationError) -> OpenAIError:
+    """The first thing pydantic found wrong with the body, in OpenAI's form."""
+    error = exc.errors()[0]
+    if error["type"] == "json_invalid":
+        return OpenAIError(400, f"the request body is not valid JSON ({error['ctx']['error']})")
+    param = ".".join(str(part) for part in error["loc"][1:]) or None   # loc starts with "body"
+    message = error["msg"].removeprefix("Value error, ")
+    return OpenAIError(400, f"{param}: {message}" if param else f"request body: {message}", param)
+
+
+# notebooks/07a_server_hardening.ipynb, cell 5
 async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
     return from_validation_error(exc).response()
 
 
-# notebooks/07_serving.ipynb, cell 56
+# notebooks/07a_server_hardening.ipynb, cell 5
 async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
     return OpenAIError(exc.status_code, str(exc.detail)).response()   # unknown route, wrong method, too large
 
 
-# notebooks/07_serving.ipynb, cell 56
+# notebooks/07a_server_hardening.ipynb, cell 5
 async def engine_dead(request: Request, exc: EngineDeadError) -> JSONResponse:
     return OpenAIError(503, str(exc), type="server_error").response()
 
 
-# notebooks/07_serving.ipynb, cell 56
+# notebooks/07a_server_hardening.ipynb, cell 5
 async def server_error(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("internal error", exc_info=exc)   # the details go to the log, not to the client
     return OpenAIError(500, f"internal server error ({type(exc).__name__})", type="server_error").response()
 
 
-# notebooks/07_serving.ipynb, cell 58
-def build_app(engine: AsyncLLMEngine, model_name: str, max_body_bytes: int = 4 * 2**20) -> FastAPI:
-    app = FastAPI(title="rosellm-edu: an OpenAI-compatible server")
-    app.state.engine, app.state.model_name = engine, model_name
-    # Tokenizing and chat templates run in this pool, with its own copy of the tokenizer: never in the event
-    # loop (it would stall every stream) nor in the engine thread (it would stall every step).
-    app.state.tokenizer = copy.deepcopy(engine.engine.tokenizer)
-    app.state.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
-    app.state.metrics = ServerMetrics()
-    app.include_router(router)
-    app.add_exception_handler(OpenAIError, openai_error)
-    app.add_exception_handler(RequestValidationError, invalid_body)
-    app.add_exception_handler(HTTPException, http_error)
-    app.add_exception_handler(EngineDeadError, engine_dead)
-    app.add_exception_handler(Exception, server_error)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
-    app.openapi = lambda: openapi_schema(app)
-    return app
-
-
-# notebooks/07_serving.ipynb, cell 58
-async def in_pool(raw: Request, fn: Callable, *args):
-    """fn(tokenizer, *args) in the tokenizer pool, awaited without blocking the event loop."""
-    return await asyncio.get_running_loop().run_in_executor(raw.app.state.pool, fn, raw.app.state.tokenizer, *args)
-
-
-# notebooks/07_serving.ipynb, cell 59
+# notebooks/07a_server_hardening.ipynb, cell 7
 class BodyLimit:
     """ASGI middleware: a body over max_bytes gets a 413 before anyone parses it (a declared Content-Length is
     checked at once; a chunked body is counted as it arrives)."""
@@ -193,13 +173,7 @@ class BodyLimit:
                            "(rosellm-edu serve --max-request-body-bytes)")
 
 
-# notebooks/07_serving.ipynb, cell 59
-ERRORS = {status: {"model": ErrorResponse, "description": why} for status, why in [
-    (400, "the request is invalid"), (404, "no such model"), (413, "the body is too large"),
-    (500, "the engine failed this request"), (503, "the engine has stopped")]}
-
-
-# notebooks/07_serving.ipynb, cell 60
+# notebooks/07a_server_hardening.ipynb, cell 8
 def openapi_schema(app: FastAPI) -> dict:
     """FastAPI's schema, corrected to say what this server really answers: a body pydantic refuses is a 400
     in OpenAI's shape (declared with ERRORS), never FastAPI's 422."""
@@ -216,7 +190,112 @@ def openapi_schema(app: FastAPI) -> dict:
     return app.openapi_schema
 
 
-# notebooks/07_serving.ipynb, cell 61
+# notebooks/07a_server_hardening.ipynb, cell 10
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+# notebooks/07a_server_hardening.ipynb, cell 10
+class ServerMetrics:
+    """What /metrics exposes, in vLLM's names (vllm: -> rosellm:), in a registry of the app's own."""
+
+    def __init__(self):
+        self.registry = r = CollectorRegistry()
+        gauge = lambda name, doc: Gauge(f"rosellm:{name}", doc, registry=r)   # noqa: E731
+        self.running = gauge("num_requests_running", "Sequences in the running batch")
+        self.waiting = gauge("num_requests_waiting", "Sequences waiting to be admitted")
+        self.kv_blocks_used = gauge("kv_cache_blocks_used", "KV blocks held by sequences")
+        self.kv_usage = gauge("kv_cache_usage_perc", "Share of the KV blocks in use, 0 to 1")
+        self.prefix_hit_rate = gauge("prefix_cache_hit_rate", "Share of new prompts' tokens found cached")
+        histogram = lambda name, doc: Histogram(f"rosellm:{name}", doc, buckets=LATENCY_BUCKETS,  # noqa: E731
+                                                registry=r)
+        self.ttft = histogram("time_to_first_token_seconds", "Request arrival to its first token")
+        self.tpot = histogram("time_per_output_token_seconds", "Mean gap between a request's later tokens")
+        self.e2e = histogram("e2e_request_latency_seconds", "Request arrival to its last token")
+        self.prompt_tokens = Counter("rosellm:prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter("rosellm:generation_tokens", "Generated tokens", registry=r)
+
+    def engine_stats(self, stats: dict) -> None:
+        used = stats["total_blocks"] - stats["free_blocks"]
+        self.running.set(stats["running"])
+        self.waiting.set(stats["waiting"])
+        self.kv_blocks_used.set(used)
+        self.kv_usage.set(used / stats["total_blocks"])
+        self.prefix_hit_rate.set(stats["prefix_hit_rate"])
+
+
+# notebooks/07a_server_hardening.ipynb, cell 10
+def engine_stats(engine) -> dict:
+    """Run in the engine thread (AsyncLLMEngine.call): the scheduler's queues and the KV cache's blocks."""
+    return {"running": len(engine.scheduler.running), "waiting": len(engine.scheduler.waiting),
+            **engine.kv_cache_stats()}
+
+
+# notebooks/07a_server_hardening.ipynb, cell 11
+@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+async def metrics(raw: Request) -> Response:
+    """Prometheus' text format. The engine's numbers are read in its own thread, between two steps."""
+    state = raw.app.state
+    if state.engine.errored is None:
+        state.metrics.engine_stats(await state.engine.call(engine_stats))
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+# notebooks/07a_server_hardening.ipynb, cell 14
+@router.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
+async def tokenize(body: TokenizeRequest, raw: Request) -> JSONResponse:
+    """vLLM's /tokenize: a prompt's token ids, or chat messages' through the chat template."""
+    check_model(raw, body.model)
+    if (body.prompt is None) == (body.messages is None):
+        raise OpenAIError(400, "give either prompt or messages", "prompt")
+    if body.messages is not None:
+        ids = await in_pool(raw, chat_prompt_ids, [m.for_template() for m in body.messages],
+                            body.add_generation_prompt)
+    else:
+        ids = await in_pool(raw, lambda tok, text: tok(text, add_special_tokens=body.add_special_tokens).input_ids,
+                            body.prompt)
+    strs = [raw.app.state.tokenizer.convert_ids_to_tokens(t) for t in ids] if body.return_token_strs else None
+    return JSONResponse(TokenizeResponse(count=len(ids), max_model_len=raw.app.state.engine.engine.max_model_len,
+                                         tokens=ids, token_strs=strs).model_dump())
+
+
+# notebooks/07a_server_hardening.ipynb, cell 14
+@router.post("/detokenize", response_model=DetokenizeResponse, responses=ERRORS)
+async def detokenize(body: DetokenizeRequest, raw: Request) -> JSONResponse:
+    check_model(raw, body.model)
+    vocab = raw.app.state.engine.engine.vocab_size
+    if not all(0 <= t < vocab for t in body.tokens):
+        raise OpenAIError(400, f"tokens: token ids must be in [0, {vocab})", "tokens")
+    text = await in_pool(raw, lambda tok, ids: tok.decode(ids), body.tokens)
+    return JSONResponse(DetokenizeResponse(prompt=text).model_dump())
+
+
+# notebooks/07a_server_hardening.ipynb, cell 17
+def build_app(engine: AsyncLLMEngine, model_name: str, max_body_bytes: int = 4 * 2**20) -> FastAPI:
+    app = FastAPI(title="rosellm-edu: an OpenAI-compatible server")
+    app.state.engine, app.state.model_name = engine, model_name
+    # Tokenizing and chat templates run in this pool, with its own copy of the tokenizer: never in the event
+    # loop (it would stall every stream) nor in the engine thread (it would stall every step).
+    app.state.tokenizer = copy.deepcopy(engine.engine.tokenizer)
+    app.state.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
+    app.state.metrics = ServerMetrics()
+    app.include_router(router)
+    app.add_exception_handler(OpenAIError, openai_error)
+    app.add_exception_handler(RequestValidationError, invalid_body)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(EngineDeadError, engine_dead)
+    app.add_exception_handler(Exception, server_error)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.openapi = lambda: openapi_schema(app)
+    return app
+
+
+# notebooks/07_serving.ipynb, cell 58
+async def in_pool(raw: Request, fn: Callable, *args):
+    """fn(tokenizer, *args) in the tokenizer pool, awaited without blocking the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(raw.app.state.pool, fn, raw.app.state.tokenizer, *args)
+
+
+# notebooks/07_serving.ipynb, cell 59
 @router.get("/health", response_class=Response,
             responses={200: {"description": "the engine loop runs"}, 503: ERRORS[503]})
 async def health(raw: Request) -> Response:
@@ -227,7 +306,7 @@ async def health(raw: Request) -> Response:
     return OpenAIError(503, str(errored), type="server_error").response()
 
 
-# notebooks/07_serving.ipynb, cell 61
+# notebooks/07_serving.ipynb, cell 59
 @router.get("/v1/models", response_model=ModelList)
 async def show_models(raw: Request) -> JSONResponse:
     name, engine = raw.app.state.model_name, raw.app.state.engine.engine
@@ -235,7 +314,7 @@ async def show_models(raw: Request) -> JSONResponse:
     return JSONResponse(ModelList(data=[card]).model_dump())
 
 
-# notebooks/07_serving.ipynb, cell 61
+# notebooks/07_serving.ipynb, cell 59
 def check_model(raw: Request, model: str | None) -> None:
     served = raw.app.state.model_name
     if model is not None and model != served:
@@ -243,7 +322,7 @@ def check_model(raw: Request, model: str | None) -> None:
                           "model_not_found")
 
 
-# notebooks/07_serving.ipynb, cell 63
+# notebooks/07_serving.ipynb, cell 61
 @dataclass
 class Piece:
     """What one engine step added to one choice of a response (the prompt too, when echoed)."""
@@ -262,24 +341,24 @@ class Piece:
                        logprobs=logprobs, finish_reason=later.finish_reason, mask=mask)
 
 
-# notebooks/07_serving.ipynb, cell 63
+# notebooks/07_serving.ipynb, cell 61
 def _concat(a: list | None, b: list | None) -> list | None:
     return None if a is None and b is None else (a or []) + (b or [])
 
 
-# notebooks/07_serving.ipynb, cell 63
+# notebooks/07_serving.ipynb, cell 61
 def sse(event: BaseModel) -> str:
     """One server-sent event: a `data:` line with the JSON, then a blank line."""
     return f"data: {event.model_dump_json()}\n\n"
 
 
-# notebooks/07_serving.ipynb, cell 64
+# notebooks/07_serving.ipynb, cell 62
 class ResponseState:
     """One response being assembled from its engine requests' deltas: pieces, usage and timings."""
 
     def __init__(self, raw: Request, body: SamplingRequest, prompts: list[tuple[str | None, list[int]]],
                  echo: bool = False):
-        self.body, self.metrics, self.start, self.first_token = body, raw.app.state.metrics, time.perf_counter(), None
+        self.body, self.app, self.start, self.first_token = body, raw.app, time.perf_counter(), None
         self.prompt_tokens, self.completion_tokens = sum(len(ids) for _, ids in prompts), 0
         self.echo = dict(enumerate(prompts)) if echo else {}   # prompt i -> (text, ids), until its first piece
         self.echoed: set[int] = set()
@@ -306,10 +385,10 @@ class ResponseState:
         return UsageInfo(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
                          total_tokens=self.prompt_tokens + self.completion_tokens)
 
-    # notebooks/07_serving.ipynb, cell 80
+    # notebooks/07a_server_hardening.ipynb, cell 11
     def finished(self) -> None:
         """A response whose every choice ended: its latencies go to the histograms."""
-        now, m = time.perf_counter(), self.metrics
+        now, m = time.perf_counter(), self.app.state.metrics
         m.e2e.observe(now - self.start)
         m.prompt_tokens.inc(self.prompt_tokens)
         m.generation_tokens.inc(self.completion_tokens)
@@ -319,7 +398,7 @@ class ResponseState:
                 m.tpot.observe((now - self.first_token) / (self.completion_tokens - 1))
 
 
-# notebooks/07_serving.ipynb, cell 65
+# notebooks/07_serving.ipynb, cell 63
 async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """The outputs of several engine requests (a batch of prompts), as they come: (prompt index, delta)."""
     if len(streams) == 1:
@@ -348,7 +427,7 @@ async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tu
             task.cancel()
 
 
-# notebooks/07_serving.ipynb, cell 67
+# notebooks/07_serving.ipynb, cell 65
 async def stream_events(state: ResponseState, outputs: AsyncIterator[tuple[int, RequestOutput]],
                         make_chunk: Callable[[Piece], BaseModel],
                         make_usage_chunk: Callable[[UsageInfo | None], BaseModel]) -> AsyncIterator[str]:
@@ -369,7 +448,7 @@ async def stream_events(state: ResponseState, outputs: AsyncIterator[tuple[int, 
     yield "data: [DONE]\n\n"
 
 
-# notebooks/07_serving.ipynb, cell 67
+# notebooks/07_serving.ipynb, cell 65
 def event_stream(raw: Request, request_id: str, n: int, events: AsyncIterator[str]) -> StreamingResponse:
     # When the client goes away, Starlette cancels the body iterator, and the engine aborts the requests; the
     # background abort also covers a client that left before the first chunk (a no-op once they finished).
@@ -378,7 +457,7 @@ def event_stream(raw: Request, request_id: str, n: int, events: AsyncIterator[st
                              background=BackgroundTask(raw.app.state.engine.abort, ids))
 
 
-# notebooks/07_serving.ipynb, cell 67
+# notebooks/07_serving.ipynb, cell 65
 async def collect(state: ResponseState, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> list[Piece]:
     """A whole response: every choice's pieces joined, in choice order."""
     choices: dict[int, Piece] = {}
@@ -389,7 +468,7 @@ async def collect(state: ResponseState, outputs: AsyncIterator[tuple[int, Reques
     return [choices[index] for index in sorted(choices)]
 
 
-# notebooks/07_serving.ipynb, cell 68
+# notebooks/07_serving.ipynb, cell 66
 async def until_disconnected(raw: Request, work: Awaitable):
     """Await work, unless the client disconnects first: then cancel it (which aborts its request), None."""
     async def disconnected():
@@ -405,7 +484,7 @@ async def until_disconnected(raw: Request, work: Awaitable):
     return task.result()
 
 
-# notebooks/07_serving.ipynb, cell 68
+# notebooks/07_serving.ipynb, cell 66
 async def whole_response(raw: Request, state: ResponseState,
                          outputs: AsyncIterator[tuple[int, RequestOutput]]) -> list[Piece] | None:
     """Every choice's pieces; None if the client left. A failed request is a 500, a dead engine a 503."""
@@ -415,7 +494,7 @@ async def whole_response(raw: Request, state: ResponseState,
         raise OpenAIError(500, str(e), type="server_error") from e
 
 
-# notebooks/07_serving.ipynb, cell 70
+# notebooks/07_serving.ipynb, cell 68
 def encode_prompts(tokenizer, prompts: list[str | list[int]], echo: bool) -> list[tuple[str | None, list[int]]]:
     """(text, token ids) of each prompt; token-id prompts get their text only when it is echoed."""
     if echo and not all(0 <= t < len(tokenizer) for p in prompts if not isinstance(p, str) for t in p):
@@ -424,7 +503,7 @@ def encode_prompts(tokenizer, prompts: list[str | list[int]], echo: bool) -> lis
             for p in prompts]
 
 
-# notebooks/07_serving.ipynb, cell 70
+# notebooks/07_serving.ipynb, cell 68
 def chat_prompt_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
     try:
         return tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt,
@@ -434,7 +513,7 @@ def chat_prompt_ids(tokenizer, messages: list[dict], add_generation_prompt: bool
         raise OpenAIError(400, f"messages: the model's chat template failed: {why}", "messages") from e
 
 
-# notebooks/07_serving.ipynb, cell 70
+# notebooks/07_serving.ipynb, cell 68
 def check_prompt(raw: Request, ids: list[int], max_tokens: int | None, param: str) -> int:
     """The prompt fits the model and max_tokens fits beside it (vLLM's rule: refused, never silently capped);
     None means all the room the context leaves. Returns the max_tokens to generate."""
@@ -454,7 +533,7 @@ def check_prompt(raw: Request, ids: list[int], max_tokens: int | None, param: st
     return limit - len(ids) if max_tokens is None else max_tokens
 
 
-# notebooks/07_serving.ipynb, cell 71
+# notebooks/07_serving.ipynb, cell 69
 def sampling_params(raw: Request, body: SamplingRequest, max_tokens: int, logprobs: int | None = None,
                     prompt_logprobs: int | None = None) -> SamplingParams:
     """The request's SamplingParams; token ids it names (logit_bias, stop_token_ids) must be in the vocabulary,
@@ -470,7 +549,7 @@ def sampling_params(raw: Request, body: SamplingRequest, max_tokens: int, logpro
     return params
 
 
-# notebooks/07_serving.ipynb, cell 71
+# notebooks/07_serving.ipynb, cell 69
 async def add_requests(raw: Request, request_id: str, prompts: list[tuple[str | None, list[int]]],
                        params: list[SamplingParams]) -> list[AsyncIterator[RequestOutput]]:
     """One engine request per prompt (ids request_id-0, -1, ...): all of them are added, or none."""
@@ -487,17 +566,17 @@ async def add_requests(raw: Request, request_id: str, prompts: list[tuple[str | 
     return streams
 
 
-# notebooks/07_serving.ipynb, cell 73
+# notebooks/07_serving.ipynb, cell 71
 def clamp(logprob: float) -> float:
     return max(logprob, -9999.0)   # JSON has no -inf (OpenAI and vLLM clamp the same way)
 
 
-# notebooks/07_serving.ipynb, cell 73
+# notebooks/07_serving.ipynb, cell 71
 def token_text(tokenizer, token: int, entry: Logprob | None) -> str:
     return entry.decoded_token if entry is not None and entry.decoded_token is not None else tokenizer.decode([token])
 
 
-# notebooks/07_serving.ipynb, cell 73
+# notebooks/07_serving.ipynb, cell 71
 def completion_logprobs(tokenizer, piece: Piece) -> CompletionLogprobs:
     """OpenAI's legacy shape: per token its text, logprob, top alternatives ({text: logprob}) and offset."""
     out, offset = CompletionLogprobs(), piece.offset
@@ -512,7 +591,7 @@ def completion_logprobs(tokenizer, piece: Piece) -> CompletionLogprobs:
     return out
 
 
-# notebooks/07_serving.ipynb, cell 73
+# notebooks/07_serving.ipynb, cell 71
 def chat_logprobs(tokenizer, piece: Piece, top: int) -> ChatLogprobs:
     """OpenAI's chat shape: per token {token, logprob, bytes, top_logprobs: the `top` most likely}."""
     def entry(token: int, e: Logprob) -> dict:
@@ -527,7 +606,7 @@ def chat_logprobs(tokenizer, piece: Piece, top: int) -> ChatLogprobs:
     return ChatLogprobs(content=content)
 
 
-# notebooks/07_serving.ipynb, cell 75
+# notebooks/07_serving.ipynb, cell 73
 @router.post("/v1/completions", response_model=CompletionResponse,
              responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}})
 async def create_completion(body: CompletionRequest, raw: Request) -> Response:
@@ -559,7 +638,7 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Response:
     return JSONResponse(response([choice(p) for p in pieces], usage=state.usage()).model_dump())
 
 
-# notebooks/07_serving.ipynb, cell 76
+# notebooks/07_serving.ipynb, cell 74
 async def chat_events(state: ResponseState, outputs: AsyncIterator[tuple[int, RequestOutput]],
                       make_chunk: Callable[..., ChatCompletionChunk], logprobs) -> AsyncIterator[str]:
     """A streamed chat completion's events: each choice's role first, then one delta per step."""
@@ -574,7 +653,7 @@ async def chat_events(state: ResponseState, outputs: AsyncIterator[tuple[int, Re
         yield event
 
 
-# notebooks/07_serving.ipynb, cell 77
+# notebooks/07_serving.ipynb, cell 75
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
              responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}})
 async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Response:
@@ -603,82 +682,3 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> R
                           logprobs=logprobs(p), **(p.mask or {})) for p in pieces]
     return JSONResponse(ChatCompletionResponse(id=request_id, created=created, model=body.model, choices=choices,
                                                usage=state.usage()).model_dump())
-
-
-# notebooks/07_serving.ipynb, cell 79
-LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
-
-
-# notebooks/07_serving.ipynb, cell 79
-class ServerMetrics:
-    """What /metrics exposes, in vLLM's names (vllm: -> rosellm:), in a registry of the app's own."""
-
-    def __init__(self):
-        self.registry = r = CollectorRegistry()
-        gauge = lambda name, doc: Gauge(f"rosellm:{name}", doc, registry=r)   # noqa: E731
-        self.running = gauge("num_requests_running", "Sequences in the running batch")
-        self.waiting = gauge("num_requests_waiting", "Sequences waiting to be admitted")
-        self.kv_blocks_used = gauge("kv_cache_blocks_used", "KV blocks held by sequences")
-        self.kv_usage = gauge("kv_cache_usage_perc", "Share of the KV blocks in use, 0 to 1")
-        self.prefix_hit_rate = gauge("prefix_cache_hit_rate", "Share of new prompts' tokens found cached")
-        histogram = lambda name, doc: Histogram(f"rosellm:{name}", doc, buckets=LATENCY_BUCKETS,  # noqa: E731
-                                                registry=r)
-        self.ttft = histogram("time_to_first_token_seconds", "Request arrival to its first token")
-        self.tpot = histogram("time_per_output_token_seconds", "Mean gap between a request's later tokens")
-        self.e2e = histogram("e2e_request_latency_seconds", "Request arrival to its last token")
-        self.prompt_tokens = Counter("rosellm:prompt_tokens", "Prompt tokens of finished requests", registry=r)
-        self.generation_tokens = Counter("rosellm:generation_tokens", "Generated tokens", registry=r)
-
-    def engine_stats(self, stats: dict) -> None:
-        used = stats["total_blocks"] - stats["free_blocks"]
-        self.running.set(stats["running"])
-        self.waiting.set(stats["waiting"])
-        self.kv_blocks_used.set(used)
-        self.kv_usage.set(used / stats["total_blocks"])
-        self.prefix_hit_rate.set(stats["prefix_hit_rate"])
-
-
-# notebooks/07_serving.ipynb, cell 79
-def engine_stats(engine) -> dict:
-    """Run in the engine thread (AsyncLLMEngine.call): the scheduler's queues and the KV cache's blocks."""
-    return {"running": len(engine.scheduler.running), "waiting": len(engine.scheduler.waiting),
-            **engine.kv_cache_stats()}
-
-
-# notebooks/07_serving.ipynb, cell 80
-@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
-async def metrics(raw: Request) -> Response:
-    """Prometheus' text format. The engine's numbers are read in its own thread, between two steps."""
-    state = raw.app.state
-    if state.engine.errored is None:
-        state.metrics.engine_stats(await state.engine.call(engine_stats))
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-
-# notebooks/07_serving.ipynb, cell 82
-@router.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
-async def tokenize(body: TokenizeRequest, raw: Request) -> JSONResponse:
-    """vLLM's /tokenize: a prompt's token ids, or chat messages' through the chat template."""
-    check_model(raw, body.model)
-    if (body.prompt is None) == (body.messages is None):
-        raise OpenAIError(400, "give either prompt or messages", "prompt")
-    if body.messages is not None:
-        ids = await in_pool(raw, chat_prompt_ids, [m.for_template() for m in body.messages],
-                            body.add_generation_prompt)
-    else:
-        ids = await in_pool(raw, lambda tok, text: tok(text, add_special_tokens=body.add_special_tokens).input_ids,
-                            body.prompt)
-    strs = [raw.app.state.tokenizer.convert_ids_to_tokens(t) for t in ids] if body.return_token_strs else None
-    return JSONResponse(TokenizeResponse(count=len(ids), max_model_len=raw.app.state.engine.engine.max_model_len,
-                                         tokens=ids, token_strs=strs).model_dump())
-
-
-# notebooks/07_serving.ipynb, cell 82
-@router.post("/detokenize", response_model=DetokenizeResponse, responses=ERRORS)
-async def detokenize(body: DetokenizeRequest, raw: Request) -> JSONResponse:
-    check_model(raw, body.model)
-    vocab = raw.app.state.engine.engine.vocab_size
-    if not all(0 <= t < vocab for t in body.tokens):
-        raise OpenAIError(400, f"tokens: token ids must be in [0, {vocab})", "tokens")
-    text = await in_pool(raw, lambda tok, ids: tok.decode(ids), body.tokens)
-    return JSONResponse(DetokenizeResponse(prompt=text).model_dump())

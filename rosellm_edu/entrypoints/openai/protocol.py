@@ -1,4 +1,4 @@
-# Generated from notebooks/07_serving.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/07_serving.ipynb, notebooks/07a_server_hardening.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -144,23 +144,6 @@ class ChatCompletionRequest(SamplingRequest):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-# notebooks/07_serving.ipynb, cell 42
-class TokenizeRequest(OpenAIBaseModel):
-    """vLLM's /tokenize: a prompt, or chat messages through the chat template."""
-    model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
-    add_generation_prompt: bool = True
-    return_token_strs: bool = False
-
-
-# notebooks/07_serving.ipynb, cell 42
-class DetokenizeRequest(OpenAIBaseModel):
-    model: str | None = None
-    tokens: list[int]
-
-
 # notebooks/07_serving.ipynb, cell 45
 class OpenAIResponse(BaseModel):
     """The optional keys are sent only when the server set them: a client that did not ask for an extra
@@ -298,19 +281,6 @@ def random_id(prefix: str) -> str:
 
 
 # notebooks/07_serving.ipynb, cell 49
-class TokenizeResponse(BaseModel):
-    count: int
-    max_model_len: int
-    tokens: list[int]
-    token_strs: list[str] | None = None
-
-
-# notebooks/07_serving.ipynb, cell 49
-class DetokenizeResponse(BaseModel):
-    prompt: str
-
-
-# notebooks/07_serving.ipynb, cell 49
 class ErrorInfo(BaseModel):
     message: str
     type: str
@@ -321,3 +291,33 @@ class ErrorInfo(BaseModel):
 # notebooks/07_serving.ipynb, cell 49
 class ErrorResponse(BaseModel):
     error: ErrorInfo
+
+
+# notebooks/07a_server_hardening.ipynb, cell 13
+class TokenizeRequest(OpenAIBaseModel):
+    """vLLM's /tokenize: a prompt, or chat messages through the chat template."""
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+# notebooks/07a_server_hardening.ipynb, cell 13
+class DetokenizeRequest(OpenAIBaseModel):
+    model: str | None = None
+    tokens: list[int]
+
+
+# notebooks/07a_server_hardening.ipynb, cell 13
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+# notebooks/07a_server_hardening.ipynb, cell 13
+class DetokenizeResponse(BaseModel):
+    prompt: str

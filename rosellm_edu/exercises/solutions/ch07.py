@@ -2,8 +2,6 @@
 
 import json
 
-from rosellm_edu.sampling_params import SamplingParams
-
 
 def parse_sse(text: str) -> list[dict]:
     payloads = []
@@ -26,21 +24,17 @@ def chat_usage(tokenizer, messages: list[dict], completion_token_ids: list[int])
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-MAPPED = ["temperature", "top_p", "top_k", "seed", "stop", "ignore_eos"]
+def predict_steps(max_tokens: list[int], arrivals: list[int | None], max_num_seqs: int) -> int:
+    """Step by step: a waiting request takes a free seat; every seated request gets one token per step, its first
+    from the step that prefills it; an idle engine takes the next request at once, without a step."""
+    waiting, running, steps = list(zip(max_tokens, arrivals)), [], 0
+    while waiting or running:
+        while waiting and len(running) < max_num_seqs and (
+                not running or (waiting[0][1] is not None and waiting[0][1] <= steps)):
+            running.append(waiting.pop(0)[0])
+        steps += 1
+        running = [left - 1 for left in running if left > 1]
+    return steps
 
 
-def body_to_params(body: dict) -> SamplingParams:
-    for required in ("model", "prompt"):
-        if required not in body:
-            raise ValueError(f"{required}: this field is required")
-    for name in body:
-        if name not in {"model", "prompt", "max_tokens", "n", "stream", *MAPPED}:
-            raise ValueError(f"{name}: not supported by this server")
-    if body.get("n", 1) != 1:
-        raise ValueError("n: only n = 1 is supported")
-    given = {name: body[name] for name in MAPPED if body.get(name) is not None}
-    max_tokens = body.get("max_tokens")
-    return SamplingParams(max_tokens=16 if max_tokens is None else max_tokens, **given)   # names a bad value
-
-
-SOLUTIONS = {"check_parse_sse": parse_sse, "check_chat_usage": chat_usage, "check_body_to_params": body_to_params}
+SOLUTIONS = {"check_parse_sse": parse_sse, "check_chat_usage": chat_usage, "check_engine_steps": predict_steps}
