@@ -1,9 +1,7 @@
 """Chapter 08's checkers reject typical wrong answers and say what is wrong."""
 
-import math
-
-from rosellm_edu.exercises.ch08 import check_decode_flops, check_find_stop, check_ridge_batch
-from rosellm_edu.exercises.solutions.ch08 import decode_flops, find_stop
+from rosellm_edu.exercises.ch08 import check_decode_flops, check_find_stop, check_step_bytes
+from rosellm_edu.exercises.solutions.ch08 import decode_flops, find_stop, step_bytes
 
 
 def test_decode_flops_without_the_lm_head_is_rejected(capsys):
@@ -22,9 +20,21 @@ def test_decode_flops_that_forgets_the_new_key_is_rejected(capsys):
     assert not check_decode_flops(keys_without_itself)
 
 
-def test_ridge_batch_rounded_down_is_rejected(capsys):
-    assert not check_ridge_batch(lambda p, w, f, b: math.floor(w * f / (2 * p * b)))
-    assert "round up" in capsys.readouterr().out
+def test_step_bytes_that_counts_only_the_weights_is_rejected_at_batch_32(capsys):
+    assert not check_step_bytes(lambda batch, context: 134_515_008 * 2)
+    out = capsys.readouterr().out
+    assert "batch=32, context=128" in out and "you predicted" in out
+
+
+def test_step_bytes_that_reads_the_tied_head_twice_is_rejected(capsys):
+    head = 49152 * 576 * 2
+    assert not check_step_bytes(lambda batch, context: step_bytes(batch, context) + head)
+    assert "batch=1, context=128" in capsys.readouterr().out
+
+
+def test_step_bytes_predicted_as_a_number_is_rejected_with_a_message(capsys):
+    assert not check_step_bytes(lambda batch, context: "about 300 MB")
+    assert "predict a number" in capsys.readouterr().out
 
 
 def test_find_stop_that_misses_a_straddling_stop_is_rejected(capsys):

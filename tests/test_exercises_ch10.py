@@ -1,10 +1,9 @@
 """Chapter 10's checkers reject typical wrong answers and say what is wrong."""
 
 import torch
-from torch import nn
 
-from rosellm_edu.exercises.ch10 import check_add_rms_norm, check_pack_linears, check_rotate_in_place
-from rosellm_edu.exercises.solutions.ch10 import add_rms_norm, pack_linears, rotate_in_place
+from rosellm_edu.exercises.ch10 import check_add_rms_norm, check_rotate_in_place, check_unfused_bytes
+from rosellm_edu.exercises.solutions.ch10 import add_rms_norm, rotate_in_place, unfused_bytes
 
 
 def test_add_rms_norm_that_normalises_the_input_not_the_sum_is_rejected(capsys):
@@ -29,26 +28,19 @@ def test_add_rms_norm_that_returns_only_the_normed_output_is_rejected(capsys):
     assert "expected a pair" in capsys.readouterr().out
 
 
-def test_pack_linears_that_forgets_the_bias_is_rejected(capsys):
-    def no_bias(linears):
-        packed = nn.Linear(linears[0].in_features, sum(lin.out_features for lin in linears), bias=False)
-        with torch.no_grad():
-            packed.weight.copy_(torch.cat([lin.weight for lin in linears]))
-        return packed
-
-    assert not check_pack_linears(no_bias)
-    assert "with biases" in capsys.readouterr().out
+def test_unfused_bytes_that_counts_every_pass_in_bfloat16_is_rejected(capsys):
+    assert not check_unfused_bytes(lambda rows, hidden: 7 * 2 * 2 * rows * hidden)    # seven reads and writes
+    out = capsys.readouterr().out
+    assert "unfused_bytes(rows=64, hidden=576)" in out and "you predicted" in out
 
 
-def test_pack_linears_that_stacks_the_wrong_dimension_is_reported(capsys):
-    def wrong_dim(linears):
-        packed = nn.Linear(linears[0].in_features, sum(lin.out_features for lin in linears), bias=False)
-        with torch.no_grad():
-            packed.weight.copy_(torch.cat([lin.weight for lin in linears], dim=1).T[:packed.out_features])
-        return packed
+def test_unfused_bytes_of_the_fused_kernel_is_rejected(capsys):
+    assert not check_unfused_bytes(lambda rows, hidden: 4 * 2 * rows * hidden)
+    assert "✗ unfused_bytes" in capsys.readouterr().out
 
-    assert not check_pack_linears(wrong_dim)
-    assert "✗ pack_linears" in capsys.readouterr().out
+
+def test_the_unfused_bytes_solution_passes():
+    assert check_unfused_bytes(unfused_bytes)
 
 
 def test_rotate_in_place_that_returns_a_new_tensor_is_rejected(capsys):

@@ -3,13 +3,13 @@
 import numpy as np
 import torch
 
-from rosellm_edu.exercises.ch11 import check_pack_nibbles, check_quantize_int8, check_read_q4_1_block
-from rosellm_edu.exercises.solutions.ch11 import pack_nibbles, quantize_int8, read_q4_1_block
+from rosellm_edu.exercises.ch11 import check_int4_step_bytes, check_quantize_int8, check_read_q4_1_block
+from rosellm_edu.exercises.solutions.ch11 import int4_step_bytes, quantize_int8, read_q4_1_block
 
 
 def test_the_solutions_pass():
     assert check_quantize_int8(quantize_int8)
-    assert check_pack_nibbles(pack_nibbles)
+    assert check_int4_step_bytes(int4_step_bytes)
     assert check_read_q4_1_block(read_q4_1_block)
 
 
@@ -31,13 +31,18 @@ def test_quantize_int8_that_uses_minus_128_is_rejected(capsys):
     assert "quantize_int8" in capsys.readouterr().out
 
 
-def test_pack_nibbles_that_pairs_neighbours_is_rejected(capsys):
-    def neighbours(q):      # llama.cpp's order is j with j + 16, not 2j with 2j + 1
-        pairs = q.view(q.shape[0], -1, 16, 2)
-        return pairs[..., 0] | (pairs[..., 1] << 4)
+def test_int4_step_bytes_at_half_a_byte_per_weight_is_rejected(capsys):
+    assert not check_int4_step_bytes(lambda head: 134_515_008 / 2)      # every weight 4 bits, the head too
+    out = capsys.readouterr().out
+    assert "int4_step_bytes('bfloat16')" in out and "you predicted" in out
 
-    assert not check_pack_nibbles(neighbours)
-    assert "the bytes" in capsys.readouterr().out
+
+def test_int4_step_bytes_without_the_groups_scales_is_rejected(capsys):
+    def nibbles_only(head):
+        return int4_step_bytes(head) - 30 * (576 * 960 + 576 * 576 + 3 * 576 * 1536) * 4 / 32     # d and m
+
+    assert not check_int4_step_bytes(nibbles_only)
+    assert "✗ int4_step_bytes" in capsys.readouterr().out
 
 
 def test_read_q4_1_block_that_swaps_scale_and_minimum_is_rejected(capsys):

@@ -2,13 +2,13 @@
 
 import torch
 
-from rosellm_edu.exercises.ch12 import check_greedy_verify, check_leftover_distribution, check_ngram_propose
-from rosellm_edu.exercises.solutions.ch12 import greedy_verify, leftover_distribution, ngram_propose
+from rosellm_edu.exercises.ch12 import check_accepted_length, check_leftover_distribution, check_ngram_propose
+from rosellm_edu.exercises.solutions.ch12 import accepted_length, leftover_distribution, ngram_propose
 
 
 def test_the_worked_solutions_pass():
     assert check_ngram_propose(ngram_propose)
-    assert check_greedy_verify(greedy_verify)
+    assert check_accepted_length(accepted_length)
     assert check_leftover_distribution(leftover_distribution)
 
 
@@ -33,24 +33,20 @@ def test_ngram_propose_that_matches_the_suffix_with_itself_is_rejected(capsys):
     assert "expected" in capsys.readouterr().out
 
 
-def test_greedy_verify_without_the_bonus_token_is_rejected(capsys):
-    def no_bonus(argmax_ids, draft_ids):
-        out = greedy_verify(argmax_ids, draft_ids)
-        return out[:len(draft_ids)] if len(out) > len(draft_ids) else out
-
-    assert not check_greedy_verify(no_bonus)
-    assert "greedy_verify" in capsys.readouterr().out
+def test_accepted_length_that_assumes_every_draft_independent_of_the_last_is_rejected(capsys):
+    assert not check_accepted_length(lambda alpha, k: 1 + alpha * k)     # keeps drafts after a rejection
+    out = capsys.readouterr().out
+    assert "accepted_length(alpha=0.6, k=4)" in out and "you predicted" in out
 
 
-def test_greedy_verify_that_emits_the_rejected_draft_is_rejected(capsys):
-    def keeps_draft(argmax_ids, draft_ids):
-        out = greedy_verify(argmax_ids, draft_ids)
-        if len(out) <= len(draft_ids):
-            out[-1] = draft_ids[len(out) - 1]
-        return out
+def test_accepted_length_without_the_target_token_is_rejected(capsys):
+    assert not check_accepted_length(lambda alpha, k: accepted_length(alpha, k) - 1)
+    assert "✗ accepted_length" in capsys.readouterr().out
 
-    assert not check_greedy_verify(keeps_draft)
-    assert "got" in capsys.readouterr().out
+
+def test_accepted_length_that_forgets_k_is_rejected(capsys):
+    assert not check_accepted_length(lambda alpha, k: 1 / (1 - alpha))  # as if k were unbounded
+    assert "1.07x" in capsys.readouterr().out
 
 
 def test_leftover_that_forgets_to_renormalise_is_rejected(capsys):

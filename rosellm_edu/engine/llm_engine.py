@@ -1,4 +1,4 @@
-# Generated from notebooks/01_token_generation.ipynb, notebooks/02_kv_cache.ipynb, notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/05_cuda_graphs.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/08_where_the_time_goes.ipynb, notebooks/11_weight_only_quantization.ipynb, notebooks/12_speculative_decoding.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/01_token_generation.ipynb, notebooks/01a_logits_processors.ipynb, notebooks/02_kv_cache.ipynb, notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/04a_parallel_sampling.ipynb, notebooks/05_cuda_graphs.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/06a_logprobs.ipynb, notebooks/08_where_the_time_goes.ipynb, notebooks/11_weight_only_quantization.ipynb, notebooks/12_speculative_decoding.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -31,7 +31,7 @@ from rosellm_edu.timing import choose
 Prompt = str | dict   # a string, or {"prompt_token_ids": [...]} for callers that tokenize themselves
 
 
-# notebooks/02_kv_cache.ipynb, cell 25
+# notebooks/02_kv_cache.ipynb, cell 29
 def matmul_dtype_choice():
     """Time one decoder-sized matmul in both dtypes on this CPU: whether bfloat16 pays depends on the CPU
     (native bfloat16 units or not), and measuring is the one way to know. Measured once per process."""
@@ -40,12 +40,12 @@ def matmul_dtype_choice():
     return choose("cpu matmul dtype", {"float32": lambda: a @ b, "bfloat16": lambda: a16 @ b16})
 
 
-# notebooks/02_kv_cache.ipynb, cell 25
+# notebooks/02_kv_cache.ipynb, cell 29
 def bfloat16_is_faster_here() -> bool:
     return matmul_dtype_choice().name == "bfloat16"
 
 
-# notebooks/02_kv_cache.ipynb, cell 25
+# notebooks/02_kv_cache.ipynb, cell 29
 def as_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     """"auto": bfloat16 on a GPU, and on a CPU where its bfloat16 matmul beats float32; float32 otherwise."""
     if isinstance(dtype, torch.dtype):
@@ -63,7 +63,7 @@ class LLMEngine:
     """Requests in, outputs out, one step at a time: add_request(), then step() until
     has_unfinished_requests() is False."""
 
-    # notebooks/12_speculative_decoding.ipynb, cell 33
+    # notebooks/12_speculative_decoding.ipynb, cell 34
     def __init__(self, model: str | None = None, *, dtype: str | torch.dtype = "auto", seed: int = 0,
                  device: str | torch.device | None = None, block_size: int = 16, num_kv_blocks: int | None = None,
                  kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
@@ -72,7 +72,7 @@ class LLMEngine:
                  speculative_config: dict | None = None):
         check_sizes(block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                     num_kv_blocks=num_kv_blocks, max_model_len=max_model_len)
-        spec = None if speculative_config is None else SpeculativeConfig.from_dict(speculative_config)   # first
+        spec = None if speculative_config is None else SpeculativeConfig.from_dict(speculative_config)   # before loading
         self.load(model, dtype, device, quantization)
         if max_model_len is not None:   # a shorter context than the model's, as vLLM's max_model_len
             if max_model_len > self.max_model_len:
@@ -92,7 +92,7 @@ class LLMEngine:
         self.speculative_config, self.spec_decoding_stats = spec, SpecDecodingStats()
         self.proposer = None if spec is None else self.make_proposer(spec, model)
 
-    # notebooks/11_weight_only_quantization.ipynb, cell 75
+    # notebooks/11_weight_only_quantization.ipynb, cell 77
     def load(self, model: str | None, dtype: str | torch.dtype, device: str | torch.device | None,
              quantization: str | None = None) -> None:
         """The model (its Linears quantized, or read from the GGUF as they ship) and tokenizer, and what the engine
@@ -102,7 +102,7 @@ class LLMEngine:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {str(device)!r} was asked for, but torch sees no CUDA device here")
         self.dtype = as_dtype(dtype, self.device)
-        self.model = load_model(path, self.dtype, self.device, quantization)  # quantization
+        self.model = load_model(path, self.dtype, self.device, quantization)
         self.tokenizer = load_tokenizer(path)
         config = self.model.config
         self.vocab_size = config.vocab_size
@@ -119,7 +119,7 @@ class LLMEngine:
             return prompt.get("prompt"), list(prompt["prompt_token_ids"])
         raise ValueError(f"a prompt is a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
 
-    # notebooks/06_fast_sampling.ipynb, cell 88
+    # notebooks/06a_logprobs.ipynb, cell 21
     def make_sequence(self, request_id: str, prompt: Prompt, params: SamplingParams | None) -> Sequence:
         """Tokenize and check a request; a bad one raises ValueError naming what is wrong."""
         text, ids = self.tokenize(prompt)
@@ -135,7 +135,7 @@ class LLMEngine:
         seeded = None if params.seed is None else torch.Generator(self.device).manual_seed(params.seed)
         return Sequence(request_id, text, ids, params, generator=seeded)
 
-    # notebooks/04_paged_attention.ipynb, cell 104
+    # notebooks/04a_parallel_sampling.ipynb, cell 43
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
         if self.scheduler.find(request_id) is not None or request_id in self.scheduler.parents:     # or its samples still run
             raise ValueError(f"request {request_id!r} is already running")
@@ -152,18 +152,18 @@ class LLMEngine:
                              f"max_num_seqs={self.scheduler.max_num_seqs} sequences at once")
         self.scheduler.add(seq)
 
-    # notebooks/04_paged_attention.ipynb, cell 104
+    # notebooks/04a_parallel_sampling.ipynb, cell 43
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Abort one request or several, all n samples of each; an unknown or finished id is ignored, as vLLM
         does: a caller racing the engine (a client leaving as its request finishes) must not crash it."""
         for rid in [request_id] if isinstance(request_id, str) else request_id:
             self.scheduler.abort(rid)
 
-    # notebooks/03_continuous_batching.ipynb, cell 30
+    # notebooks/03_continuous_batching.ipynb, cell 34
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    # notebooks/12_speculative_decoding.ipynb, cell 35
+    # notebooks/12_speculative_decoding.ipynb, cell 39
     @torch.no_grad()
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule(self.propose())                         # drafts to verify
@@ -190,7 +190,7 @@ class LLMEngine:
                 self.scheduler.remove(seq)
         return outputs
 
-    # notebooks/12_speculative_decoding.ipynb, cell 38
+    # notebooks/12_speculative_decoding.ipynb, cell 44
     def forward(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """Logits (sampled positions, vocab) of one step; records the prompt logprobs this step's chunks owe."""
         owed = [prompt_logprob_positions(s) for s in batch]
@@ -203,7 +203,7 @@ class LLMEngine:
         self.record_prompt_logprobs(batch, owed, logits[sampled:])
         return logits[:sampled]
 
-    # notebooks/12_speculative_decoding.ipynb, cell 37
+    # notebooks/12_speculative_decoding.ipynb, cell 41
     def pick_tokens(self, seqs: list[Sequence], logits: torch.Tensor, drafts: list[list[int]]) -> list[list[tuple]]:
         """For each sequence, from its 1 + len(drafts) rows of logits: the accepted drafts and one token after them, each
         as (token, mask, logZ, logprobs). All rows in one sampler call, one device->host transfer."""
@@ -221,13 +221,13 @@ class LLMEngine:
             row += 1 + len(draft)
         return picked
 
-    # notebooks/04_paged_attention.ipynb, cell 67
+    # notebooks/04_paged_attention.ipynb, cell 75
     def kv_cache_stats(self) -> dict:
         """total_blocks, free_blocks, cached_blocks (free but holding a reusable prefix), prefix_hit_rate (new
         requests' prompt tokens found cached) and resumed_hit_rate (the same for preempted sequences readmitted)."""
         return self.scheduler.block_manager.stats()
 
-    # notebooks/04_paged_attention.ipynb, cell 102
+    # notebooks/04a_parallel_sampling.ipynb, cell 40
     def fork_samples(self, sampling: list[Sequence]) -> tuple[list[Sequence], list[int]]:
         """The sequences that sample this step, each followed by the samples it forks, and each one's logits row."""
         seqs, rows = [], []
@@ -237,7 +237,7 @@ class LLMEngine:
             rows += [row] * len(family)
         return seqs, rows
 
-    # notebooks/04_paged_attention.ipynb, cell 102
+    # notebooks/04a_parallel_sampling.ipynb, cell 40
     def fork(self, seq: Sequence) -> list[Sequence]:
         """Samples 1..n-1 of seq's request, the first time seq samples; [] for every other sequence and step."""
         parent = self.scheduler.parents.get(seq.request_id)
@@ -250,7 +250,7 @@ class LLMEngine:
             self.scheduler.fork(seq, child)
         return children
 
-    # notebooks/04_paged_attention.ipynb, cell 102
+    # notebooks/04a_parallel_sampling.ipynb, cell 40
     def request_outputs(self, seqs: list[Sequence]) -> list[RequestOutput]:
         """One RequestOutput per request that sampled: a request with n > 1 reports all its samples in one."""
         outputs = {}
@@ -261,19 +261,19 @@ class LLMEngine:
                 outputs[key] = parent.output() if parent else seq.output()
         return list(outputs.values())
 
-    # notebooks/05_cuda_graphs.ipynb, cell 37
+    # notebooks/05_cuda_graphs.ipynb, cell 39
     def device_context(self):
         """Make the engine's GPU the current one (graph capture and Triton launch on the current device)."""
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
-    # notebooks/06_fast_sampling.ipynb, cell 87
+    # notebooks/06a_logprobs.ipynb, cell 19
     def with_text(self, logprobs: dict[int, Logprob]) -> dict[int, Logprob]:
         """Each entry's decoded_token: its id decoded alone."""
         for entry, text in zip(logprobs.values(), self.tokenizer.batch_decode([[t] for t in logprobs])):
             entry.decoded_token = text
         return logprobs
 
-    # notebooks/06_fast_sampling.ipynb, cell 88
+    # notebooks/06a_logprobs.ipynb, cell 22
     def check_params(self, request_id: str, params: SamplingParams) -> None:
         """What SamplingParams cannot check alone: token ids inside this model's vocabulary, logprobs under the cap."""
         for name, ids in [("logit_bias", list(params.logit_bias or {})), ("stop_token_ids", params.stop_token_ids)]:
@@ -285,7 +285,7 @@ class LLMEngine:
                 raise ValueError(f"request {request_id!r}: SamplingParams.{name} must be at most {MAX_LOGPROBS}, "
                                  f"got {getattr(params, name)}")
 
-    # notebooks/06_fast_sampling.ipynb, cell 91
+    # notebooks/06a_logprobs.ipynb, cell 29
     def record_prompt_logprobs(self, batch: list[ScheduledSeq], owed: list[range], logits: torch.Tensor) -> None:
         """logits (positions owed, V), in batch order: one table and one transfer for the whole step."""
         targets = [s.seq.prompt_token_ids[p + 1] for s, span in zip(batch, owed) for p in span]
@@ -297,7 +297,7 @@ class LLMEngine:
                 s.seq.prompt_logprobs.append(self.with_text(logprob_dict(row, token, s.seq.params.prompt_logprobs)))
             done += len(span)
 
-    # notebooks/12_speculative_decoding.ipynb, cell 49
+    # notebooks/12_speculative_decoding.ipynb, cell 55
     def make_proposer(self, spec: SpeculativeConfig, model: str | None):
         """The proposer speculative_config names; a draft model shares the target's device, dtype and block size."""
         if spec.method == "ngram":
@@ -309,7 +309,7 @@ class LLMEngine:
         cache = KVCache(draft.config, self.kv_cache.num_blocks, self.kv_cache.block_size, self.dtype, self.device)
         return DraftModelProposer(draft, cache, self.scheduler.max_num_seqs, self.max_model_len)
 
-    # notebooks/12_speculative_decoding.ipynb, cell 34
+    # notebooks/12_speculative_decoding.ipynb, cell 36
     def propose(self) -> dict[str, list[int]]:
         """request id -> drafts, for the running sequences that decode this step; {} without speculation, or when
         more sequences run than speculative_config's disable_by_batch_size (the batch fills the machine already)."""
@@ -322,18 +322,18 @@ class LLMEngine:
         decoding = [s for s in scheduler.running if scheduler.num_computed[s.request_id] == len(s) - 1]
         return self.proposer.propose(decoding, [min(k, self.tokens_left(s) - 1) for s in decoding])
 
-    # notebooks/12_speculative_decoding.ipynb, cell 34
+    # notebooks/12_speculative_decoding.ipynb, cell 36
     def tokens_left(self, seq: Sequence) -> int:
         """The most tokens seq may still emit: up to max_tokens and to the end of the context."""
         room = self.max_model_len - len(seq)
         return room if seq.params.max_tokens is None else min(room, seq.params.max_tokens - len(seq.output_token_ids))
 
-    # notebooks/12_speculative_decoding.ipynb, cell 34
+    # notebooks/12_speculative_decoding.ipynb, cell 36
     def spec_stats(self) -> dict:
         """Acceptance rate and mean accepted length since the engine started (vLLM's spec decoding metrics)."""
         return self.spec_decoding_stats.as_dict()
 
-    # notebooks/12_speculative_decoding.ipynb, cell 37
+    # notebooks/12_speculative_decoding.ipynb, cell 41
     def append_tokens(self, seq: Sequence, picked: list[tuple]) -> int:
         """Append the picked tokens, with their masks and logprobs, until one finishes the sequence; how many went in."""
         for appended, (token, mask, logz, logprobs) in enumerate(picked, 1):
@@ -355,11 +355,11 @@ def check_sizes(**sizes: int | None) -> None:
             raise ValueError(f"LLMEngine {name} must be a positive integer, got {value!r}")
 
 
-# notebooks/06_fast_sampling.ipynb, cell 87
+# notebooks/06a_logprobs.ipynb, cell 18
 MAX_LOGPROBS = 20   # the most alternatives a request may ask for, per token (vLLM's default max_logprobs)
 
 
-# notebooks/06_fast_sampling.ipynb, cell 91
+# notebooks/06a_logprobs.ipynb, cell 26
 def prompt_logprob_positions(s: ScheduledSeq) -> range:
     """The positions this step computes whose logits give a prompt logprob still owed (position p gives prompt
     token p + 1's); empty when the request did not ask."""

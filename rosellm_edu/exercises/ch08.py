@@ -1,11 +1,11 @@
-"""Checkers for chapter 08's exercises: a decode step's FLOPs from a config, the batch where decode turns
-compute-bound, and the stop-string check over the new text only."""
+"""Checkers for chapter 08's exercises: a decode step's FLOPs from a config, a prediction of the bytes a decode step
+moves, checked against the tensors it touches, and the stop-string check over the new text only."""
 
 from __future__ import annotations
 
 import random
 
-from rosellm_edu.exercises import Mismatch, checker, expect_equal
+from rosellm_edu.exercises import Mismatch, checker, compare_prediction, expect_equal
 
 
 def _configs():
@@ -42,19 +42,33 @@ def check_decode_flops(decode_flops) -> str:
     return f"{len(cases)} decode steps counted as the package counts them, SmolLM2's shape included."
 
 
-@checker("ridge_batch")
-def check_ridge_batch(ridge_batch) -> str:
-    cases = [(100, 400, 1000.0, 100.0, 20), (100, 400, 1000.0, 150.0, 14), (1, 2, 10.0, 10.0, 1),
-             (134_515_008, 538_060_032, 80e9, 8e9, 20), (134_515_008, 269_030_016, 300e12, 3.3e12, 91)]
-    for params, weight_bytes, flops, bandwidth, expected in cases:
-        got = ridge_batch(params, weight_bytes, flops, bandwidth)
-        if isinstance(got, float) and got.is_integer():
-            got = int(got)
-        if got == expected - 1:
-            raise Mismatch(f"ridge_batch{(params, weight_bytes, flops, bandwidth)} = {got}: at that batch the "
-                           "arithmetic still takes less time than reading the weights (round up)")
-        expect_equal(got, expected, f"ridge_batch{(params, weight_bytes, flops, bandwidth)}")
-    return f"{len(cases)} machines, from a toy to a GPU's bfloat16."
+def _measured_step_bytes(batch: int, context: int) -> int:
+    """The bytes of the tensors a bfloat16 decode step of the embedded SmolLM2 touches, summed from the tensors
+    themselves (on the meta device: shapes and dtypes, no memory): every weight once (the LM head is the
+    embedding, one tensor), and per sequence the K/V of its `context` positions and the new one, read, plus the
+    new position's K/V, written."""
+    import torch
+
+    from rosellm_edu.engine.kv_cache import KVCache
+    from rosellm_edu.model_loader import load_config, resolve_model
+    from rosellm_edu.models import model_class
+
+    config = load_config(resolve_model())
+    with torch.device("meta"):
+        model = model_class(config)(config).to(torch.bfloat16)
+    weights = sum(p.nbytes for p in model.parameters())             # parameters() yields a tied tensor once
+    cache = KVCache(config, num_blocks=1, block_size=1, dtype=torch.bfloat16, device="meta")   # 2 slots
+    per_position = (cache.k.nbytes + cache.v.nbytes) // cache.k.shape[1]
+    return weights + per_position * batch * (context + 2)
+
+
+@checker("step_bytes", predicts=True)
+def check_step_bytes(step_bytes) -> str:
+    cases = [(1, 128), (32, 128), (32, 2048)]
+    for batch, context in cases:
+        said = compare_prediction(step_bytes(batch, context), _measured_step_bytes(batch, context),
+                                  f"step_bytes(batch={batch}, context={context})", within=(0.9, 1.1), unit=" B")
+    return f"{len(cases)} decode steps; the last, {said}."
 
 
 def _full_scan(text: str, searched: int, stops: list[str]):

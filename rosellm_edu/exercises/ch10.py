@@ -1,12 +1,13 @@
-"""Checkers for chapter 10's exercises: add + RMSNorm as one (normed, residual) pair, two Linears packed into one,
-rotary applied in place to a strided view."""
+"""Checkers for chapter 10's exercises: add + RMSNorm as one (normed, residual) pair, a prediction of the bytes the
+unfused add + RMSNorm moves, counted op by op, and rotary applied in place to a strided view."""
 
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
-from rosellm_edu.exercises import Mismatch, checker, expect_close
+from rosellm_edu.exercises import Mismatch, checker, compare_prediction, expect_close
 
 
 @checker("add_rms_norm")
@@ -31,20 +32,41 @@ def check_add_rms_norm(add_rms_norm) -> str:
     return f"{len(cases)} cases, the first layer's (residual None) and bfloat16 included."
 
 
-@checker("pack_linears")
-def check_pack_linears(pack_linears) -> str:
-    torch.manual_seed(0)
-    cases = [([nn.Linear(8, 6, bias=False), nn.Linear(8, 6, bias=False)], "gate and up"),
-             ([nn.Linear(12, 12), nn.Linear(12, 4), nn.Linear(12, 4)], "q, k and v, with biases")]
-    for linears, name in cases:
-        packed = pack_linears(linears)
-        if not isinstance(packed, nn.Linear):
-            raise Mismatch(f"{name}: expected an nn.Linear, got {type(packed).__name__}")
-        x = torch.randn(5, linears[0].in_features)
-        with torch.no_grad():
-            expected = torch.cat([lin(x) for lin in linears], dim=-1)
-            expect_close(packed(x), expected, f"{name}: the packed Linear's output")
-    return f"{len(cases)} packings: one matmul gives what {len(cases[1][0])} gave."
+class _ByteCounter(TorchDispatchMode):
+    """Counts the bytes each ATen op reads (its tensor inputs) and writes (its tensor outputs), as if nothing
+    stayed in a cache between two ops: the passes over memory an unfused sequence of ops makes."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        flat = tree_leaves((args, kwargs, out))
+        self.bytes += sum(t.nbytes for t in flat if isinstance(t, torch.Tensor))
+        return out
+
+
+def _unfused_bytes(rows: int, hidden: int) -> int:
+    """The bytes chapter 00's add + RMSNorm (kernels.cpu_fused.add_rms_norm_reference) moves in bfloat16."""
+    from rosellm_edu.kernels.cpu_fused import add_rms_norm_reference
+
+    x, residual = torch.zeros(rows, hidden, dtype=torch.bfloat16), torch.zeros(rows, hidden, dtype=torch.bfloat16)
+    weight = torch.ones(hidden, dtype=torch.bfloat16)
+    with _ByteCounter() as counter:
+        add_rms_norm_reference(x, residual, weight, 1e-6)
+    return counter.bytes
+
+
+@checker("unfused_bytes", predicts=True)
+def check_unfused_bytes(unfused_bytes) -> str:
+    cases = [(64, 576), (512, 576), (1, 4096)]
+    for rows, hidden in cases:
+        measured = _unfused_bytes(rows, hidden)
+        said = compare_prediction(unfused_bytes(rows, hidden), measured,
+                                  f"unfused_bytes(rows={rows}, hidden={hidden})", within=(0.85, 1.15), unit=" B")
+    fused = 4 * 2 * rows * hidden                    # the kernel reads x and residual, writes both: bfloat16
+    return f"{len(cases)} shapes; the last, {said}: {measured / fused:.1f}x the fused kernel's bytes."
 
 
 @checker("rotate_in_place")

@@ -1,12 +1,13 @@
-"""Checkers for chapter 11's exercises: int8 per-channel quantization, packing 4-bit values in GGUF's Q4_1 order,
-and reading one Q4_1 block's 20 bytes back into 32 weights."""
+"""Checkers for chapter 11's exercises: int8 per-channel quantization, a prediction of the bytes a batch-1 step of
+the 4-bit model reads, checked against the packed tensors, and reading one Q4_1 block's 20 bytes back into 32
+weights."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from rosellm_edu.exercises import Mismatch, checker, expect_close, expect_equal
+from rosellm_edu.exercises import Mismatch, checker, compare_prediction, expect_close
 
 
 @checker("quantize_int8")
@@ -29,18 +30,38 @@ def check_quantize_int8(quantize_int8) -> str:
     return f"{len(cases)} weights, an all-zero row included."
 
 
-@checker("pack_nibbles")
-def check_pack_nibbles(pack_nibbles) -> str:
-    from rosellm_edu.layers.quantization import pack_int4
+def _measured_int4_bytes(head: str) -> int:
+    """The bytes of the embedded SmolLM2's weights with every decoder Linear packed as Int4Linear and the LM head
+    in bfloat16 or as Int8GroupLinear (Q8_0), summed from the packed tensors themselves, built on the meta device
+    (shapes and dtypes, no memory). A batch-1 step reads each once; the embedding table only where it is the head
+    (beside a Q8_0 head, a lookup reads one row of it)."""
+    from torch import nn
 
-    gen = torch.Generator().manual_seed(1)
-    cases = [torch.arange(32, dtype=torch.uint8).remainder(16).view(1, 32),
-             torch.randint(0, 16, (3, 64), generator=gen, dtype=torch.uint8)]
-    for q in cases:
-        got = pack_nibbles(q.clone())
-        expect_equal(tuple(got.shape), (q.shape[0], q.shape[1] // 32, 16), f"pack_nibbles of {tuple(q.shape)}: the shape")
-        expect_equal(got.to(torch.uint8).tolist(), pack_int4(q).tolist(), f"pack_nibbles of {tuple(q.shape)}: the bytes")
-    return f"{len(cases)} tensors of 4-bit values, byte for byte."
+    from rosellm_edu.layers.quantization import Int4Linear, Int8GroupLinear
+    from rosellm_edu.model_loader import load_config, resolve_model
+    from rosellm_edu.models import model_class
+
+    config = load_config(resolve_model())
+    with torch.device("meta"):
+        model = model_class(config)(config).to(torch.bfloat16)
+        for layer in model.model.layers:
+            for name, child in list(layer.named_modules()):
+                if isinstance(child, nn.Linear):
+                    layer.set_submodule(name, Int4Linear.from_linear(child))
+        if head == "Q8_0":
+            model.lm_head = Int8GroupLinear.from_linear(model.lm_head)     # the table stays, for the lookup
+    packed = [b for m in model.modules() if isinstance(m, (Int4Linear, Int8GroupLinear)) for b in m.buffers()]
+    dense = [p for p in model.parameters() if head == "bfloat16" or p is not model.model.embed_tokens.weight]
+    return sum(t.nbytes for t in packed + dense)          # not the rotary tables: a step reads a row of them
+
+
+@checker("int4_step_bytes", predicts=True)
+def check_int4_step_bytes(int4_step_bytes) -> str:
+    for head in ("bfloat16", "Q8_0"):
+        said = compare_prediction(int4_step_bytes(head), _measured_int4_bytes(head), f"int4_step_bytes({head!r})",
+                                  within=(0.95, 1.05), unit=" B")
+    bfloat16 = 134_515_008 * 2                         # the bfloat16 model: every parameter once
+    return f"{said}; {bfloat16 / _measured_int4_bytes('Q8_0'):.2f}x fewer bytes than the bfloat16 model's."
 
 
 @checker("read_q4_1_block")

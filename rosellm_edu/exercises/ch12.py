@@ -1,11 +1,11 @@
-"""Checkers for chapter 12's exercises: prompt lookup, greedy verification, the leftover distribution of a
-rejected draft."""
+"""Checkers for chapter 12's exercises: prompt lookup, a prediction of the mean accepted length from the acceptance
+rate, checked on the package's rejection sampler, and the leftover distribution of a rejected draft."""
 
 from __future__ import annotations
 
 import torch
 
-from rosellm_edu.exercises import Mismatch, checker, expect_close, expect_equal
+from rosellm_edu.exercises import checker, compare_prediction, expect_close, expect_equal
 
 
 @checker("ngram_propose")
@@ -22,16 +22,30 @@ def check_ngram_propose(ngram_propose) -> str:
     return f"{len(cases)} sequences, the longest and latest match each time."
 
 
-@checker("greedy_verify")
-def check_greedy_verify(greedy_verify) -> str:
-    from rosellm_edu.spec_decode.rejection_sampler import accepted_count
+def _measured_accepted_length(alpha: float, k: int, steps: int = 2000) -> float:
+    """Mean accepted length (SpecDecodingStats') of `steps` verifications of k point-mass drafts by the package's
+    rejection sampler, where the target gives each draft probability alpha: each draft is accepted with
+    probability alpha, independently of the others."""
+    from rosellm_edu.spec_decode.metrics import SpecDecodingStats
+    from rosellm_edu.spec_decode.rejection_sampler import rejection_sample
 
-    cases = [([5, 6, 8], [5, 7]), ([5, 6, 8], [5, 6]), ([3], []), ([1, 2, 3, 4], [9, 2, 3]), ([4, 4, 4], [4, 4])]
-    for argmax_ids, drafts in cases:
-        a = accepted_count(argmax_ids, drafts)
-        expect_equal(greedy_verify(list(argmax_ids), list(drafts)), argmax_ids[:a + 1],
-                     f"greedy_verify({argmax_ids}, {drafts})")
-    return f"{len(cases)} cases: all accepted, none, a bonus, a rejection at once."
+    gen = torch.Generator().manual_seed(0)
+    target = torch.full((k + 1, 4), (1 - alpha) / 3, dtype=torch.float64)      # (k + 1, vocab 4)
+    target[:, 0] = alpha                                                       # the draft is token 0
+    stats = SpecDecodingStats()
+    for _ in range(steps):
+        emitted = rejection_sample(target, [0] * k, None, generator=gen)
+        stats.observe(k, len(emitted) - 1)
+    return stats.as_dict()["mean_accepted_length"]
+
+
+@checker("accepted_length", predicts=True)
+def check_accepted_length(accepted_length) -> str:
+    cases = [(0.6, 4), (0.9, 2), (0.8, 8)]
+    for alpha, k in cases:
+        said = compare_prediction(accepted_length(alpha, k), _measured_accepted_length(alpha, k),
+                                  f"accepted_length(alpha={alpha}, k={k})", within=(0.93, 1.07), unit=" tokens")
+    return f"{len(cases)} acceptance rates; the last, {said}."
 
 
 @checker("leftover_distribution")

@@ -1,7 +1,5 @@
 """Worked solutions for chapter 08's exercises."""
 
-import math
-
 
 def decode_flops(config, context_lens: list[int]) -> int:
     hidden, layers = config.hidden_size, config.num_hidden_layers
@@ -15,9 +13,10 @@ def decode_flops(config, context_lens: list[int]) -> int:
     return matmuls + 4 * layers * heads * head_dim * keys_seen
 
 
-def ridge_batch(params: int, weight_bytes: int, flops_per_s: float, bytes_per_s: float) -> int:
-    # 2 · params · B / flops_per_s >= weight_bytes / bytes_per_s
-    return max(1, math.ceil(weight_bytes * flops_per_s / (2 * params * bytes_per_s)))
+def step_bytes(batch: int, context: int) -> float:
+    weights = 134_515_008 * 2                       # every parameter once, in bfloat16 (the head is the embedding)
+    kv_per_position = 2 * 30 * 3 * 64 * 2           # K and V, 30 layers, 3 KV heads of 64, bfloat16
+    return weights + kv_per_position * batch * (context + 1)     # each sequence reads its context and the new one
 
 
 def find_stop(text: str, searched: int, stops: list[str]) -> tuple[int, str] | None:
@@ -29,4 +28,4 @@ def find_stop(text: str, searched: int, stops: list[str]) -> tuple[int, str] | N
     return min(hits) if hits else None
 
 
-SOLUTIONS = {"check_decode_flops": decode_flops, "check_ridge_batch": ridge_batch, "check_find_stop": find_stop}
+SOLUTIONS = {"check_decode_flops": decode_flops, "check_step_bytes": step_bytes, "check_find_stop": find_stop}

@@ -1,7 +1,6 @@
 """Worked solutions for chapter 10's exercises."""
 
 import torch
-from torch import nn
 
 
 def add_rms_norm(x, residual, weight, eps):
@@ -11,15 +10,16 @@ def add_rms_norm(x, residual, weight, eps):
     return weight * normed, h
 
 
-def pack_linears(linears: list[nn.Linear]) -> nn.Linear:
-    first = linears[0]
-    has_bias = first.bias is not None
-    packed = nn.Linear(first.in_features, sum(lin.out_features for lin in linears), bias=has_bias)
-    with torch.no_grad():
-        packed.weight.copy_(torch.cat([lin.weight for lin in linears], dim=0))   # (out, in): stack the rows
-        if has_bias:
-            packed.bias.copy_(torch.cat([lin.bias for lin in linears]))
-    return packed
+def unfused_bytes(rows: int, hidden: int) -> int:
+    n = rows * hidden
+    per_element = (2 + 2 + 2     # x + residual: read two bfloat16 tensors, write one
+                   + 2 + 4       # .float(): read bfloat16, write float32
+                   + 4 + 4       # pow(2)
+                   + 4           # mean over the row: read float32, write one number per row
+                   + 4 + 4       # times rsqrt(...)
+                   + 4 + 2       # .to(bfloat16)
+                   + 2 + 2)      # weight * ...
+    return per_element * n + 2 * hidden          # the weight itself, read once
 
 
 def rotate_in_place(positions, x, cos, sin):
@@ -30,5 +30,5 @@ def rotate_in_place(positions, x, cos, sin):
     x[..., half:] = b * c + a * s
 
 
-SOLUTIONS = {"check_add_rms_norm": add_rms_norm, "check_pack_linears": pack_linears,
+SOLUTIONS = {"check_add_rms_norm": add_rms_norm, "check_unfused_bytes": unfused_bytes,
              "check_rotate_in_place": rotate_in_place}

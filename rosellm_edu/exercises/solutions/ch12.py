@@ -12,13 +12,10 @@ def ngram_propose(token_ids: list[int], k: int, min_n: int, max_n: int) -> list[
     return []
 
 
-def greedy_verify(argmax_ids: list[int], draft_ids: list[int]) -> list[int]:
-    emitted = []
-    for draft, target in zip(draft_ids, argmax_ids):
-        emitted.append(target)
-        if draft != target:
-            return emitted
-    return emitted + [argmax_ids[len(draft_ids)]]
+def accepted_length(alpha: float, k: int) -> float:
+    # draft i is kept when it and every draft before it are accepted: probability alpha^i; the target's own token
+    # always comes: 1 + alpha + ... + alpha^k
+    return sum(alpha ** i for i in range(k + 1))
 
 
 def leftover_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -26,5 +23,5 @@ def leftover_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return left / left.sum()
 
 
-SOLUTIONS = {"check_ngram_propose": ngram_propose, "check_greedy_verify": greedy_verify,
+SOLUTIONS = {"check_ngram_propose": ngram_propose, "check_accepted_length": accepted_length,
              "check_leftover_distribution": leftover_distribution}
