@@ -5,35 +5,20 @@ import torch
 from rosellm_edu.exercises import ch01
 
 
-def test_top_k_that_keeps_one_token_too_many_is_rejected(capsys):
-    def off_by_one(logits, k):
-        if k <= 0 or k >= logits.shape[-1]:
-            return logits
-        kth = logits.topk(k + 1).values[-1]
-        return logits.masked_fill(logits < kth, float("-inf"))
-
-    assert not ch01.check_top_k(off_by_one)
+def test_a_prediction_that_forgets_the_growing_sequence_is_rejected(capsys):
+    assert not ch01.check_positions_computed(lambda prompt_tokens, new_tokens: prompt_tokens * new_tokens)
     out = capsys.readouterr().out
-    assert out.startswith("✗ Top-k filter") and "you keep 3 tokens, expected 2" in out
+    assert out.startswith("✗ Predict the work of the naive loop") and "the engine measured 396 positions" in out
 
 
-def test_top_k_that_zeroes_instead_of_minus_inf_is_rejected(capsys):
-    def zeroes(logits, k):
-        if k <= 0 or k >= logits.shape[-1]:
-            return logits
-        return logits.masked_fill(logits < logits.topk(k).values[-1], 0.0)
-
-    assert not ch01.check_top_k(zeroes)
-    assert "set them to -inf" in capsys.readouterr().out
+def test_a_prediction_that_assumes_a_kv_cache_is_rejected(capsys):
+    assert not ch01.check_positions_computed(lambda prompt_tokens, new_tokens: prompt_tokens + new_tokens - 1)
+    assert "lands within 0.9x to 1.1x" in capsys.readouterr().out
 
 
-def test_top_k_that_ignores_k_zero_is_rejected(capsys):
-    def no_off_switch(logits, k):
-        k = max(1, min(k, logits.shape[-1]))
-        return logits.masked_fill(logits < logits.topk(k).values[-1], float("-inf"))
-
-    assert not ch01.check_top_k(no_off_switch)
-    assert "top_k=0 (off)" in capsys.readouterr().out
+def test_the_exact_count_is_accepted(capsys):
+    assert ch01.check_positions_computed(lambda p, n: n * p + n * (n - 1) // 2)
+    assert "you predicted 348 positions, the engine measured 348 positions" in capsys.readouterr().out
 
 
 def test_top_p_that_drops_the_crossing_token_is_rejected(capsys):

@@ -2,15 +2,23 @@
 
 import torch
 
-from rosellm_edu.exercises.ch09 import check_kv_rows_read, check_merge_splits, check_query_positions
+from rosellm_edu.exercises.ch09 import check_decode_bytes, check_kv_rows_read, check_merge_splits
 
 
-def test_positions_from_the_start_of_the_context_are_rejected(capsys):
-    def from_zero(context_lens, cu):
-        return [j for i in range(len(context_lens)) for j in range(cu[i + 1] - cu[i])]
+def test_a_prediction_that_reads_only_k_is_rejected(capsys):
+    assert not check_decode_bytes(lambda lens, size: sum(lens) * 3 * 64 * size)
+    out = capsys.readouterr().out
+    assert out.startswith("✗ Predict the bytes of a decode step") and "0.50x of it" in out
 
-    assert not check_query_positions(from_zero)
-    assert "query_positions([5, 3], [0, 2, 3])" in capsys.readouterr().out
+
+def test_a_prediction_per_query_head_is_rejected(capsys):
+    assert not check_decode_bytes(lambda lens, size: sum(lens) * 2 * 9 * 64 * size)
+    assert "3.00x of it" in capsys.readouterr().out
+
+
+def test_a_prediction_in_whole_blocks_is_exact(capsys):
+    assert check_decode_bytes(lambda lens, size: sum(-(-n // 16) * 16 for n in lens) * 2 * 3 * 64 * size)
+    assert "(1.00x of it" in capsys.readouterr().out
 
 
 def test_a_merge_that_forgets_the_max_is_rejected(capsys):

@@ -1,28 +1,22 @@
-"""Chapter 01 exercises: a top-k filter, a top-p filter that keeps the token crossing p, and the stop-string cut
-of the generation loop. Each checker compares with the package's own code: `apply_top_k` and `apply_top_p` in
-`rosellm_edu.layers.sampler`, and `Sequence._cut_stop_string` in `rosellm_edu.sequence`."""
+"""Chapter 01 exercises: a prediction of the work the naive generation loop does, measured on the engine as
+chapter 01 leaves it; a top-p filter that keeps the token crossing p, against `apply_top_p` in
+`rosellm_edu.layers.sampler`; and the stop-string cut of the generation loop, against `Sequence._cut_stop_string`
+in `rosellm_edu.sequence`."""
 
 from __future__ import annotations
 
 import torch
 
-from rosellm_edu.exercises import Mismatch, checker, expect_close
+from rosellm_edu.exercises import Mismatch, checker, compare_prediction, expect_close
 
 TOY = [0.1, 0.2, 0.3, 0.4]  # the chapter's example distribution
 
 
-def _filter_cases(knob: str) -> list[tuple[str, torch.Tensor, float]]:
-    """(name, logits (vocab,), value of the knob) for top_k or top_p."""
+def _filter_cases() -> list[tuple[str, torch.Tensor, float]]:
+    """(name, logits (vocab,), top_p) for the top-p checker."""
     toy = torch.tensor(TOY).log()
     shuffled = torch.tensor([0.3, 0.1, 0.4, 0.2]).log()          # the most likely tokens are not at the end
     logits = torch.randn(200, generator=torch.Generator().manual_seed(1)) * 2.5
-    if knob == "top_k":
-        return [(f"probabilities {TOY}, top_k=2", toy, 2),
-                ("probabilities [0.3, 0.1, 0.4, 0.2], top_k=2", shuffled, 2),
-                ("200 random logits, top_k=1", logits, 1),
-                ("200 random logits, top_k=17", logits, 17),
-                ("200 random logits, top_k=0 (off)", logits, 0),
-                ("200 random logits, top_k=500 (beyond the vocabulary)", logits, 500)]
     return [(f"probabilities {TOY}, top_p=0.6", toy, 0.6),
             ("probabilities [0.3, 0.1, 0.4, 0.2], top_p=0.6", shuffled, 0.6),
             ("200 random logits, top_p=0.9", logits, 0.9),
@@ -31,7 +25,7 @@ def _filter_cases(knob: str) -> list[tuple[str, torch.Tensor, float]]:
             ("200 random logits, top_p=1.0 (off)", logits, 1.0)]
 
 
-def _compare_filtered(got, expected: torch.Tensor, name: str, knob: str) -> None:
+def _compare_filtered(got, expected: torch.Tensor, name: str) -> None:
     """The reader's filtered logits against the package's: the same tokens kept, their logits unchanged, -inf
     elsewhere."""
     if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
@@ -46,28 +40,15 @@ def _compare_filtered(got, expected: torch.Tensor, name: str, knob: str) -> None
     if got_kept != want_kept:
         by_prob = sorted(want_kept, key=lambda i: -float(expected[i]))
         hint = ""
-        if knob == "top_p" and got_kept == set(by_prob[:-1]):
+        if got_kept == set(by_prob[:-1]):
             hint = (f"; you dropped the token that crosses top_p: keep it (probabilities {TOY} with top_p=0.6 "
                     f"keep {{0.3, 0.4}})")
-        elif knob == "top_p" and by_prob[0] not in got_kept:
+        elif by_prob[0] not in got_kept:
             hint = "; the most likely token must always stay: sort the probabilities, largest first, before the cumsum"
-        elif knob == "top_k" and len(got_kept) != len(want_kept):
-            hint = " (top_k <= 0 or >= the vocabulary keeps every token)" if len(want_kept) == len(expected) else ""
         raise Mismatch(f"{name}: you keep {len(got_kept)} tokens, expected {len(want_kept)}; missing "
                        f"{sorted(want_kept - got_kept)[:8]}, extra {sorted(got_kept - want_kept)[:8]}{hint}")
     expect_close(got.masked_fill(removed, 0), expected.masked_fill(removed, 0),
                  f"{name}: the kept logits (leave them unchanged)")
-
-
-@checker("Top-k filter")
-def check_top_k(fn) -> str:
-    """fn(logits (vocab,), k) -> logits with all but the k largest set to -inf, against `apply_top_k`."""
-    from rosellm_edu.layers.sampler import apply_top_k
-
-    cases = _filter_cases("top_k")
-    for name, logits, k in cases:
-        _compare_filtered(fn(logits.clone(), k), apply_top_k(logits, k), name, "top_k")
-    return f"your top-k keeps the same tokens as the package's apply_top_k on {len(cases)} cases"
 
 
 @checker("Top-p filter")
@@ -75,9 +56,9 @@ def check_top_p(fn) -> str:
     """fn(logits (vocab,), p) -> logits with all but the nucleus set to -inf, against `apply_top_p`."""
     from rosellm_edu.layers.sampler import apply_top_p
 
-    cases = _filter_cases("top_p")
+    cases = _filter_cases()
     for name, logits, p in cases:
-        _compare_filtered(fn(logits.clone(), p), apply_top_p(logits, p), name, "top_p")
+        _compare_filtered(fn(logits.clone(), p), apply_top_p(logits, p), name)
     return f"your top-p keeps the same tokens as the package's apply_top_p on {len(cases)} cases"
 
 
@@ -121,3 +102,57 @@ def check_cut_at_stop(fn) -> str:
                            f"{expected[0]!r}")
         raise Mismatch(f"{name}: got {got!r}, expected {expected!r}")
     return f"your stop-string cut agrees with the package's Sequence on {len(STOP_CASES)} texts"
+
+
+POSITIONS_CASES = [(5, 24), (40, 8)]   # (prompt tokens, new tokens): a short prompt, then a long one
+
+
+class _Counter(torch.nn.Module):
+    """Stands in for the model: the engine's loop is what is measured, so a forward pass only records how many
+    token positions the engine hands it, and returns random logits (vocab,) from a tiny embedding."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config, self.positions = config, 0
+        self.embed = torch.nn.Embedding(config.vocab_size, 8)
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:   # (tokens,) -> (tokens, 8)
+        self.positions += ids.numel()
+        return self.embed(ids)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden @ self.embed.weight.T
+
+
+def _positions_computed(cases: list[tuple[int, int]]) -> list[int]:
+    """For each (prompt tokens, new tokens): generate on the engine as chapter 01 leaves it (no KV cache) and count
+    the token positions it hands the model, step after step."""
+    from rosellm_edu.book.chapter import package_as_of
+    from rosellm_edu.model_loader import load_config
+
+    with package_as_of("02_kv_cache.ipynb") as load:   # the package as chapter 01 and appendix 01a leave it
+        engine_module = load("engine.llm_engine")
+        engine_module.load_model = lambda path, dtype, device: _Counter(load_config(path))
+        engine = engine_module.LLMEngine(dtype="float32", device="cpu")
+        SamplingParams = load("sampling_params").SamplingParams
+        counts = []
+        for prompt_tokens, new_tokens in cases:
+            engine.model.positions = 0
+            params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+            engine.add_request("count", {"prompt_token_ids": list(range(100, 100 + prompt_tokens))}, params)
+            while engine.has_unfinished_requests():
+                engine.step()
+            counts.append(engine.model.positions)
+    return counts
+
+
+@checker("Predict the work of the naive loop", predicts=True)
+def check_positions_computed(predict_positions) -> str:
+    """predict_positions(prompt_tokens, new_tokens) -> the token positions the model runs over to generate
+    new_tokens, against a count on the engine of chapter 01."""
+    predictions = [predict_positions(p, n) for p, n in POSITIONS_CASES]   # before any measuring
+    measured = _positions_computed(POSITIONS_CASES)
+    said = [compare_prediction(predicted, count, f"a {p}-token prompt, {n} new tokens", within=(0.9, 1.1),
+                               unit=" positions")
+            for (p, n), predicted, count in zip(POSITIONS_CASES, predictions, measured)]
+    return "; ".join(said)

@@ -1,5 +1,5 @@
-"""Checkers for chapter 09's exercises: the positions of packed queries, merging split softmax results, the K/V
-rows a tiled kernel reads."""
+"""Checkers for chapter 09's exercises: a prediction of the bytes one decode attention call reads, measured on the
+kernel's inputs; merging split softmax results; the K/V rows a tiled kernel reads."""
 
 from __future__ import annotations
 
@@ -7,30 +7,50 @@ import math
 
 import torch
 
-from rosellm_edu.exercises import Mismatch, checker, expect_close, expect_equal
+from rosellm_edu.exercises import Mismatch, checker, compare_prediction, expect_close, expect_equal
 
 # (query_lens, context_lens): prefill chunks at offsets, fresh prompts, decode steps, mixed
 BATCHES = [([2, 1], [5, 3]), ([4], [10]), ([1, 1, 1], [1, 7, 40]), ([37, 5, 1], [300, 5, 17]), ([16, 17], [16, 50])]
 
 
-def _cu(query_lens: list[int]) -> list[int]:
-    cu = [0]
-    for n in query_lens:
-        cu.append(cu[-1] + n)
-    return cu
+DECODE_CASES = [([16384], torch.bfloat16), ([1000, 37, 5], torch.float32)]   # (context_lens, dtype)
 
 
-def _positions(context_lens: list[int], cu: list[int]) -> list[int]:
-    return [c - (cu[i + 1] - cu[i]) + j for i, c in enumerate(context_lens) for j in range(cu[i + 1] - cu[i])]
+def _decode_inputs(context_lens: list[int], dtype: torch.dtype, block_size: int = 16):
+    """SmolLM2's K/V pool for these sequences, their blocks shuffled, and the block tables (seqs, width) int32,
+    as the decode kernel takes them."""
+    from rosellm_edu.model_loader import load_config, resolve_model
+
+    config = load_config(resolve_model())
+    kv_heads, d = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
+    per_seq = [-(-n // block_size) for n in context_lens]
+    k_cache = torch.zeros(sum(per_seq) + 8, block_size, kv_heads, d, dtype=dtype)   # 8 blocks nobody holds
+    v_cache = torch.zeros_like(k_cache)
+    order = torch.randperm(k_cache.shape[0], generator=torch.Generator().manual_seed(0)).tolist()
+    tables = torch.zeros(len(context_lens), max(per_seq), dtype=torch.int32)
+    for i, n in enumerate(per_seq):
+        tables[i, :n], order = torch.tensor(order[:n]), order[n:]
+    return k_cache, v_cache, tables
 
 
-@checker("Where each packed query sits")
-def check_query_positions(query_positions) -> str:
-    for query_lens, context_lens in BATCHES:
-        cu = _cu(query_lens)
-        got = query_positions(list(context_lens), list(cu))
-        expect_equal(list(got), _positions(context_lens, cu), f"query_positions({context_lens}, {cu})")
-    return f"{len(BATCHES)} batches: chunks at offsets, fresh prompts and decode steps."
+def _decode_bytes(context_lens: list[int], dtype: torch.dtype) -> int:
+    """The bytes of the K and V blocks a decode call over these sequences must read: every block their tables
+    reference, as the pool holds it."""
+    k_cache, v_cache, tables = _decode_inputs(context_lens, dtype)
+    used = {int(b) for i, n in enumerate(context_lens) for b in tables[i, :-(-n // k_cache.shape[1])]}
+    return len(used) * (k_cache[0].nbytes + v_cache[0].nbytes)
+
+
+@checker("Predict the bytes of a decode step", predicts=True)
+def check_decode_bytes(predict_bytes) -> str:
+    """predict_bytes(context_lens, bytes_per_element) -> the K/V bytes one layer's decode attention reads for
+    SmolLM2, against the blocks the kernel's inputs reference."""
+    sizes = [torch.empty(0, dtype=dtype).element_size() for _, dtype in DECODE_CASES]
+    predictions = [predict_bytes(list(lens), size) for (lens, _), size in zip(DECODE_CASES, sizes)]
+    said = [compare_prediction(predicted, _decode_bytes(lens, dtype), f"contexts {lens} in {str(dtype)[6:]}",
+                               unit=" bytes")
+            for (lens, dtype), predicted in zip(DECODE_CASES, predictions)]
+    return "; ".join(said)
 
 
 def _split_states(q, k, v, cuts):

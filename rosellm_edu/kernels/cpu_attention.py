@@ -123,7 +123,7 @@ void dot_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 20
+# notebooks/09_attention_kernels.ipynb, cell 19
 VECTORS = r"""
 #include <cstring>
 
@@ -159,7 +159,7 @@ inline void load32<c10::BFloat16>(const c10::BFloat16* p, v16& even, v16& odd) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 22
+# notebooks/09_attention_kernels.ipynb, cell 20
 VECTORS += r"""
 // x[t] holds 16 partial sums of score t; returns the 16 scores. Each level adds the lane halves of two
 // registers into one (16 -> 8 -> 4 -> 2 -> 1), and a last shuffle puts the scores in key order.
@@ -180,11 +180,11 @@ inline v16 sum16(v16* x) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 22
+# notebooks/09_attention_kernels.ipynb, cell 20
 SOURCE += VECTORS   # chapter 10's kernels use these too
 
 
-# notebooks/09_attention_kernels.ipynb, cell 24
+# notebooks/09_attention_kernels.ipynb, cell 21
 SOURCE += r"""
 // Scores s (R, n) of one chunk for a decode's few rows (R < 8), head_dim = 16 * NV: a (row, key) pair leaves 16
 // partial sums in part, and sum16 adds them up, 16 keys at a time. Keys past n count as zeros.
@@ -217,7 +217,7 @@ void decode_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 26
+# notebooks/09_attention_kernels.ipynb, cell 22
 SOURCE += r"""
 // Any other head_dim takes dot_scores. For many rows (a prefill tile): transpose the chunk's keys once, then every row is an axpy over keys.
 template <typename T>
@@ -243,7 +243,7 @@ void chunk_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 29
+# notebooks/09_attention_kernels.ipynb, cell 23
 SOURCE += r"""
 // acc (R, d) += p (R, n) @ V (n, d) for a decode's few rows, head_dim = 16 * NV: a row's accumulator stays in
 // NV registers, split as load32 splits values, while t runs over the chunk (decode_scores has fetched V's rows).
@@ -267,7 +267,7 @@ void decode_values(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 30
+# notebooks/09_attention_kernels.ipynb, cell 24
 SOURCE += r"""
 // acc (R, d) += p (R, n) @ V (n, d), p in the score buffer: 4 rows x 16 dims of acc stay in registers while t
 // runs over the chunk's keys (a head_dim that is no multiple of 16 takes the plain loop).
@@ -302,7 +302,7 @@ void add_values(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 32
+# notebooks/09_attention_kernels.ipynb, cell 26
 SOURCE += r"""
 // The online softmax over one chunk: the scores s (R, n) become weights, and (m, l, acc) are rescaled to the new
 // maximum. Row r = j * group + g sits at position pos0 + j and sees the keys <= its position (causal).
@@ -329,7 +329,7 @@ inline void fold_chunk(Scratch& w, int64_t R, int64_t n, int64_t d, int64_t grou
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 33
+# notebooks/09_attention_kernels.ipynb, cell 27
 SOURCE += r"""
 // Fold keys [k0, k1) into the running softmax of kv heads h0 .. h1-1 (ws[i] holds head h0 + i). The heads take
 // turns on each chunk, so a slot's K/V rows, contiguous across heads, are read from memory together.
@@ -351,7 +351,7 @@ void attend_range(const Paged<T>& pg, Scratch* ws, int64_t h0, int64_t h1, int64
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 35
+# notebooks/09_attention_kernels.ipynb, cell 29
 SOURCE += r"""
 // One work item: a tile of one sequence's queries, kv heads h0 .. h1-1, one split of the keys it sees.
 struct Item { int64_t seq, q0, nq, h0, h1, split; };
@@ -372,7 +372,7 @@ void start_tile(const T* q, Scratch& w, const Item& x, int64_t h, int64_t heads,
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 36
+# notebooks/09_attention_kernels.ipynb, cell 30
 SOURCE += r"""
 // The work of a batch: sequence i's query rows cu[i] .. cu[i+1]-1 in tiles of `tile`, `per_item` kv heads to an
 // item, each tile's keys cut into splits of `part` positions (flash-decoding) when the items alone are too few
@@ -402,7 +402,7 @@ std::vector<Item> plan(const int32_t* lens, const int32_t* cu, int64_t seqs, int
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 38
+# notebooks/09_attention_kernels.ipynb, cell 32
 SOURCE += r"""
 // Merge each (token, head)'s partial softmax results, split by split: the exercise of chapter 04, in C++.
 // A split that saw no key has m = -inf, l = 0, acc = 0 and weighs nothing.
@@ -430,7 +430,7 @@ void merge_splits(const std::vector<float>& pm, const std::vector<float>& pl, co
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 40
+# notebooks/09_attention_kernels.ipynb, cell 34
 SOURCE += r"""
 // out (tokens, heads, d) from q (tokens, heads, d). With one split, items write their rows of out directly;
 // with several, each writes its (m, l, acc) and a second pass merges them, as two halves of a softmax merge.
@@ -472,7 +472,7 @@ void paged_attention(const T* q, const T* k, const T* v, const int32_t* tables, 
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 42
+# notebooks/09_attention_kernels.ipynb, cell 36
 SOURCE += r"""
 // The entry points PyTorch calls: checks, then one template per dtype (float32, bfloat16, float16).
 torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
@@ -506,7 +506,7 @@ torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 44
+# notebooks/09_attention_kernels.ipynb, cell 38
 @functools.cache
 def extension():
     """The compiled kernel (chapter 04's build_cpp), or None where it cannot be built and attention falls back
@@ -515,7 +515,7 @@ def extension():
                      "attention falls back to chapter 04's kernel and the gather, which are slower")
 
 
-# notebooks/09_attention_kernels.ipynb, cell 45
+# notebooks/09_attention_kernels.ipynb, cell 39
 def paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, cu_query_lens, scale: float, *,
                                 tile: int = 32, partition: int = 0) -> torch.Tensor:
     """q (tokens, heads, d) packed: sequence i's new tokens are rows cu_query_lens[i] .. cu_query_lens[i+1]-1,
@@ -526,7 +526,7 @@ def paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, context_lens,
                                         cu_query_lens.contiguous(), scale, tile, partition)
 
 
-# notebooks/09_attention_kernels.ipynb, cell 45
+# notebooks/09_attention_kernels.ipynb, cell 39
 def paged_decode_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, scale: float, *,
                                partition: int = 0) -> torch.Tensor:
     """Chapter 04's decode contract, q (seqs, heads, d): one query per sequence, keys split when cores idle."""

@@ -1,4 +1,4 @@
-# Generated from notebooks/01_token_generation.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/01a_logits_processors.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -7,7 +7,7 @@ import torch
 from rosellm_edu.sampling_params import SamplingParams
 
 
-# notebooks/01_token_generation.ipynb, cell 56
+# notebooks/01a_logits_processors.ipynb, cell 4
 def on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A host list as a tensor on `device`. To a GPU it goes from pinned memory with non_blocking=True, so the
     host does not wait for the GPU to finish the work already queued (a plain copy would)."""
@@ -15,7 +15,7 @@ def on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.T
     return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor.to(device)
 
 
-# notebooks/01_token_generation.ipynb, cell 56
+# notebooks/01a_logits_processors.ipynb, cell 4
 def token_counts(ids: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
     """(n, vocab_size): how often each token occurs in each of the n lists. The lists are padded to one length
     with the id vocab_size, a column that is dropped after one scatter_add."""
@@ -27,7 +27,7 @@ def token_counts(ids: list[list[int]], vocab_size: int, device: torch.device) ->
     return counts[:, :vocab_size]
 
 
-# notebooks/01_token_generation.ipynb, cell 57
+# notebooks/01a_logits_processors.ipynb, cell 5
 def apply_repetition_penalty(logits: torch.Tensor, params: list[SamplingParams], prompt_ids: list[list[int]],
                              output_ids: list[list[int]]) -> None:
     """In place on logits (B, V): every token of a row's prompt or output has its logit divided by the row's
@@ -42,7 +42,7 @@ def apply_repetition_penalty(logits: torch.Tensor, params: list[SamplingParams],
     logits[rows] = torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x)
 
 
-# notebooks/01_token_generation.ipynb, cell 60
+# notebooks/01a_logits_processors.ipynb, cell 8
 def apply_frequency_presence_penalties(logits: torch.Tensor, params: list[SamplingParams],
                                        output_ids: list[list[int]]) -> None:
     """In place on logits (B, V), OpenAI's formula on each row's output tokens:
@@ -56,7 +56,7 @@ def apply_frequency_presence_penalties(logits: torch.Tensor, params: list[Sampli
     logits[on_device(rows, torch.long, logits.device)] -= frequency * counts + presence * (counts > 0)
 
 
-# notebooks/01_token_generation.ipynb, cell 63
+# notebooks/01a_logits_processors.ipynb, cell 11
 def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> None:
     """In place on logits (B, V): add each row's logit_bias to the logits of its tokens."""
     pairs = [(i, token, bias) for i, p in enumerate(params) for token, bias in (p.logit_bias or {}).items()]
@@ -67,7 +67,7 @@ def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> None
     logits[rows, tokens] += on_device(bias, torch.float32, logits.device)
 
 
-# notebooks/01_token_generation.ipynb, cell 63
+# notebooks/01a_logits_processors.ipynb, cell 11
 def apply_min_tokens(logits: torch.Tensor, params: list[SamplingParams], output_ids: list[list[int]],
                      eos_token_ids: set[int]) -> None:
     """In place on logits (B, V): while a row has fewer than min_tokens outputs, its stop_token_ids, and the EOS
@@ -82,7 +82,7 @@ def apply_min_tokens(logits: torch.Tensor, params: list[SamplingParams], output_
         logits[on_device(rows, torch.long, logits.device), on_device(tokens, torch.long, logits.device)] = -torch.inf
 
 
-# notebooks/01_token_generation.ipynb, cell 66
+# notebooks/01a_logits_processors.ipynb, cell 14
 def apply_logits_processors(logits: torch.Tensor, params: list[SamplingParams], prompt_ids: list[list[int]],
                             output_ids: list[list[int]], eos_token_ids: set[int]) -> torch.Tensor:
     """Each row's min_tokens, logit_bias, repetition, frequency and presence penalties on logits (B, V), in
@@ -98,7 +98,7 @@ def apply_logits_processors(logits: torch.Tensor, params: list[SamplingParams], 
     return logits
 
 
-# notebooks/01_token_generation.ipynb, cell 66
+# notebooks/01a_logits_processors.ipynb, cell 14
 def uses_logits_processors(params: SamplingParams, num_output_tokens: int) -> bool:
     """Does a row with these params and this many output tokens change anything here?"""
     return (params.repetition_penalty != 1 or params.frequency_penalty != 0 or params.presence_penalty != 0
