@@ -1,4 +1,4 @@
-# Generated from notebooks/01_token_generation.ipynb, notebooks/04_paged_attention.ipynb, notebooks/06_fast_sampling.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/01_token_generation.ipynb, notebooks/04a_parallel_sampling.ipynb, notebooks/06_fast_sampling.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -25,10 +25,10 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
     skip_special_tokens: bool = True
-    n: int = 1
+    n: int = 1                            # completions of the prompt, sharing its KV blocks
     logprobs: int | None = None           # alternatives returned per generated token, besides the chosen one
     prompt_logprobs: int | None = None    # the same for every prompt token
-    return_sampling_mask: bool = False    # each token's kept vocabulary ids and logZ
+    return_sampling_mask: bool = False    # each token's kept vocabulary ids and log Z
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -41,12 +41,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    # notebooks/06_fast_sampling.ipynb, cell 43
     def _validate(self):
         check_sampling(self)
         check_penalties(self)
         check_samples(self)
-        check_outputs(self)                                                          # what chapter 06 adds
+        check_outputs(self)
 
 
 # notebooks/01_token_generation.ipynb, cell 8
@@ -110,7 +109,7 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-# notebooks/04_paged_attention.ipynb, cell 81
+# notebooks/04a_parallel_sampling.ipynb, cell 6
 def check_samples(p: SamplingParams) -> None:
     if not _is_int(p.n) or p.n < 1:
         _fail(p, "n", "must be an integer >= 1")
@@ -118,7 +117,7 @@ def check_samples(p: SamplingParams) -> None:
         _fail(p, "seed", "leaves no room for the n samples' seeds (seed + n - 1 must be below 2**64)")
 
 
-# notebooks/06_fast_sampling.ipynb, cell 44
+# notebooks/06_fast_sampling.ipynb, cell 43
 def check_outputs(p: SamplingParams) -> None:
     for name in ("logprobs", "prompt_logprobs"):
         value = getattr(p, name)

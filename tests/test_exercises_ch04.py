@@ -4,26 +4,36 @@ import torch
 
 from rosellm_edu.engine.block_manager import chain_hash
 from rosellm_edu.exercises import ch04
-from rosellm_edu.exercises.solutions.ch04 import block_keys, merge, slots
+from rosellm_edu.exercises.solutions.ch04 import block_keys, merge, predicted_prompt_tokens
 
 
-def test_slots_that_forget_the_block_size_are_rejected(capsys):
-    def unscaled(block_table, block_size, start, end):
-        return [block_table[p // block_size] + p % block_size for p in range(start, end)]
+def test_the_engine_computes_the_prompt_tokens_the_worked_prediction_says():
+    assert ch04.measured_prompt_tokens() == {(False, True): 128, (False, False): 128, (True, True): 128,
+                                             (True, False): 72}
+    assert all(predicted_prompt_tokens(*setting) == count for setting, count in ch04.measured_prompt_tokens().items())
 
-    assert not ch04.check_slots(unscaled)
+
+def test_a_prediction_far_off_the_count_is_rejected_with_the_count(capsys):
+    assert not ch04.check_prompt_tokens(lambda prefix_caching, together: 1000)
     out = capsys.readouterr().out
-    assert out.startswith("✗ Slots through a block table") and "multiply the block number by block_size" in out
+    assert out.startswith("✗ Predict the prefill, then measure it: prefix caching off, sent together: you "
+                          "predicted 1000 tokens, the engine measured 128 tokens")
 
 
-def test_slots_that_skip_the_block_table_are_rejected(capsys):
-    assert not ch04.check_slots(lambda block_table, block_size, start, end: list(range(start, end)))
-    assert "look its block up in the block table" in capsys.readouterr().out
+def test_a_prediction_that_expects_hits_for_requests_sent_together_is_rejected(capsys):
+    assert not ch04.check_prompt_tokens(lambda prefix_caching, together: 72 if prefix_caching else 128)
+    out = capsys.readouterr().out
+    assert "prefix caching on, sent together" in out and "only once its K/V are computed" in out
 
 
-def test_slots_that_drop_the_last_position_are_rejected(capsys):
-    assert not ch04.check_slots(lambda table, bs, start, end: slots(table, bs, start, end)[:-1])
-    assert "positions 3..6: got [31, 8, 9], expected [31, 8, 9, 10]" in capsys.readouterr().out
+def test_a_prediction_that_caches_the_repeated_prompt_whole_is_rejected(capsys):
+    assert not ch04.check_prompt_tokens(lambda prefix_caching, together: 64 if prefix_caching and not together else 128)
+    assert "its last token never is" in capsys.readouterr().out
+
+
+def test_a_prediction_that_shares_tokens_not_blocks_is_rejected(capsys):
+    assert not ch04.check_prompt_tokens(lambda prefix_caching, together: 52 if prefix_caching and not together else 128)
+    assert "shares whole blocks only" in capsys.readouterr().out
 
 
 def test_block_keys_that_are_not_chained_are_rejected(capsys):
@@ -68,4 +78,5 @@ def test_a_merge_that_rescales_the_wrong_way_is_rejected(capsys):
 
 
 def test_the_worked_solutions_pass(capsys):
-    assert ch04.check_slots(slots) and ch04.check_block_keys(block_keys) and ch04.check_merge(merge)
+    assert ch04.check_prompt_tokens(predicted_prompt_tokens) and ch04.check_block_keys(block_keys) \
+        and ch04.check_merge(merge)

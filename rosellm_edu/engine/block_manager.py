@@ -1,4 +1,4 @@
-# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/08_where_the_time_goes.ipynb, notebooks/12_speculative_decoding.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/04a_parallel_sampling.ipynb, notebooks/06a_logprobs.ipynb, notebooks/08_where_the_time_goes.ipynb, notebooks/12_speculative_decoding.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -54,7 +54,7 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    # notebooks/06_fast_sampling.ipynb, cell 93
+    # notebooks/06a_logprobs.ipynb, cell 32
     def prefix_hits(self, seq: Sequence) -> list[int]:
         """Cached blocks that hold the start of seq. The last token is never a hit: its logits are needed. Nor is any
         token of a sequence that still owes prompt logprobs: those need the logits of every prompt position."""
@@ -164,7 +164,7 @@ class BlockManager:
         self.table.write(child_id, table)
         self.num_hashed[child_id] = self.num_hashed[parent_id]
 
-    # notebooks/04_paged_attention.ipynb, cell 86
+    # notebooks/04a_parallel_sampling.ipynb, cell 17
     def copy_on_write(self, src: int) -> int:
         """A private copy of shared block src: a free block, and a note to copy src's K/V into it."""
         dst = self._take_free()
@@ -172,7 +172,7 @@ class BlockManager:
         self.copies.append((src, dst))
         return dst
 
-    # notebooks/04_paged_attention.ipynb, cell 86
+    # notebooks/04a_parallel_sampling.ipynb, cell 17
     def take_copies(self) -> list[tuple[int, int]]:
         """The copies recorded since the last call, for the engine to make before its forward pass."""
         copies, self.copies = self.copies, []

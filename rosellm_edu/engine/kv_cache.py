@@ -1,4 +1,4 @@
-# Generated from notebooks/02_kv_cache.ipynb, notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/05_cuda_graphs.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/02_kv_cache.ipynb, notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/04a_parallel_sampling.ipynb, notebooks/05_cuda_graphs.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -19,7 +19,7 @@ class KVCache:
     """The engine's KV storage: one (layers, slots, kv_heads, head_dim) tensor for K and one for V, cut into
     num_blocks blocks of block_size slots that the block manager hands out to sequences."""
 
-    # notebooks/05_cuda_graphs.ipynb, cell 17
+    # notebooks/05_cuda_graphs.ipynb, cell 18
     def __init__(self, config, num_blocks: int, block_size: int, dtype=torch.float32, device="cpu"):
         layers, kv_heads, head_dim = kv_cache_shape(config)
         self.num_blocks, self.block_size = num_blocks, block_size
@@ -27,7 +27,7 @@ class KVCache:
         self.k = torch.zeros(layers, (num_blocks + 1) * block_size, kv_heads, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
 
-    # notebooks/04_paged_attention.ipynb, cell 92
+    # notebooks/04a_parallel_sampling.ipynb, cell 23
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy whole blocks src -> dst in every layer of K and V: one gather-and-scatter per tensor, on its device."""
         if not pairs:
@@ -39,14 +39,14 @@ class KVCache:
             cache[:, slots[1]] = cache[:, slots[0]]                                  # reads all, then writes
 
 
-# notebooks/04_paged_attention.ipynb, cell 62
+# notebooks/04_paged_attention.ipynb, cell 66
 def block_bytes(config, block_size: int, dtype: torch.dtype) -> int:
     """Bytes of K and V that one block holds across all layers."""
     layers, kv_heads, head_dim = kv_cache_shape(config)
     return 2 * layers * block_size * kv_heads * head_dim * dtype.itemsize
 
 
-# notebooks/04_paged_attention.ipynb, cell 62
+# notebooks/04_paged_attention.ipynb, cell 66
 def blocks_in_budget(config, block_size: int, dtype: torch.dtype, device: torch.device,
                      kv_cache_memory_bytes: int | None, gpu_memory_utilization: float) -> int:
     """How many KV blocks fit: on a GPU, in gpu_memory_utilization of its memory minus what is in use (the
@@ -64,5 +64,5 @@ def blocks_in_budget(config, block_size: int, dtype: torch.dtype, device: torch.
     return blocks
 
 
-# notebooks/04_paged_attention.ipynb, cell 62
+# notebooks/04_paged_attention.ipynb, cell 66
 CPU_KV_CACHE_BYTES = 1 << 30   # 1 GiB: about 23,000 tokens of SmolLM2-135M in float32

@@ -1,4 +1,4 @@
-# Generated from notebooks/04_paged_attention.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/04a_parallel_sampling.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -9,7 +9,7 @@ from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.sequence import Sequence
 
 
-# notebooks/04_paged_attention.ipynb, cell 94
+# notebooks/04a_parallel_sampling.ipynb, cell 25
 @dataclass
 class ParentRequest:
     """The samples of a request with n > 1: sample 0 first, the rest once the engine forks them from it."""
@@ -31,12 +31,12 @@ class ParentRequest:
         return replace(self.samples[0].output(), outputs=completions, finished=self.finished)
 
 
-# notebooks/04_paged_attention.ipynb, cell 94
+# notebooks/04a_parallel_sampling.ipynb, cell 25
 def child_id(request_id: str, index: int) -> str:
     return f"{index}_{request_id}"
 
 
-# notebooks/04_paged_attention.ipynb, cell 94
+# notebooks/04a_parallel_sampling.ipynb, cell 25
 def sample_params(params: SamplingParams, index: int) -> SamplingParams:
     """Sample index's parameters: with a seed, its own seed + index, so that each sample reproduces alone."""
     return params if params.seed is None or index == 0 else replace(params, seed=params.seed + index)

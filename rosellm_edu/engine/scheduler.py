@@ -1,4 +1,4 @@
-# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/12_speculative_decoding.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/04a_parallel_sampling.ipynb, notebooks/12_speculative_decoding.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -44,7 +44,7 @@ class Scheduler:
     """Picks each step's batch under a token budget: running sequences first (decodes and prefill chunks), then
     waiting ones while blocks and seats remain."""
 
-    # notebooks/04_paged_attention.ipynb, cell 96
+    # notebooks/04a_parallel_sampling.ipynb, cell 28
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
         self.block_manager = block_manager
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
@@ -56,7 +56,7 @@ class Scheduler:
         self.preempted: set[str] = set()           # unfinished sequences preempted at least once
         self.parents: dict[str, ParentRequest] = {}  # each sample of a request with n > 1 -> its request
 
-    # notebooks/04_paged_attention.ipynb, cell 96
+    # notebooks/04a_parallel_sampling.ipynb, cell 28
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
         self.requests[seq.request_id] = seq
@@ -109,7 +109,7 @@ class Scheduler:
             self.num_computed[s.seq.request_id] = done
             self.block_manager.commit(s.seq, done)
 
-    # notebooks/04_paged_attention.ipynb, cell 99
+    # notebooks/04a_parallel_sampling.ipynb, cell 35
     def remove(self, seq: Sequence) -> None:
         """Take a finished or aborted sequence out and free its KV blocks."""
         if seq.status == SequenceStatus.WAITING:
@@ -125,18 +125,18 @@ class Scheduler:
             for s in parent.samples:
                 del self.parents[s.request_id]
 
-    # notebooks/04_paged_attention.ipynb, cell 98
+    # notebooks/04a_parallel_sampling.ipynb, cell 32
     def make_room(self, seq: Sequence, num_computed: int, num_tokens: int) -> bool:
         """Preempt the newest running sequences until seq has blocks for num_tokens, and its own copy of any shared
         block it writes from num_computed on; False if seq itself went."""
-        while not self.block_manager.ensure(seq, num_computed, num_tokens):                  # num_computed
+        while not self.block_manager.ensure(seq, num_computed, num_tokens):
             victim = self.running[-1]
             self.preempt(victim)
             if victim is seq:
                 return False
         return True
 
-    # notebooks/04_paged_attention.ipynb, cell 26
+    # notebooks/04_paged_attention.ipynb, cell 28
     def preempt(self, seq: Sequence) -> None:
         """Free seq's blocks and send it back to the front of the queue; its prefill re-runs later."""
         self.running.remove(seq)
@@ -147,7 +147,7 @@ class Scheduler:
         self.num_preemptions += 1
         self.preempted.add(seq.request_id)
 
-    # notebooks/04_paged_attention.ipynb, cell 97
+    # notebooks/04a_parallel_sampling.ipynb, cell 30
     def fork(self, seq: Sequence, child: Sequence) -> None:
         """Seat child beside seq, sharing seq's blocks and its computed positions; it samples in this same step."""
         self.block_manager.fork(seq.request_id, child.request_id)
@@ -159,13 +159,13 @@ class Scheduler:
         parent.samples.append(child)
         self.parents[child.request_id] = parent
 
-    # notebooks/04_paged_attention.ipynb, cell 97
+    # notebooks/04a_parallel_sampling.ipynb, cell 30
     def seats(self, seq: Sequence) -> int:
         """Running seats seq takes when admitted: all n for a request not forked yet."""
         parent = self.parents.get(seq.request_id)
         return 1 if parent is None or parent.forked else parent.n
 
-    # notebooks/04_paged_attention.ipynb, cell 99
+    # notebooks/04a_parallel_sampling.ipynb, cell 36
     def abort(self, request_id: str) -> None:
         """Take out an unfinished request: every sample of one with n > 1. Unknown or finished: nothing to do."""
         parent = self.parents.get(request_id)

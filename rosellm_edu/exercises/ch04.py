@@ -1,38 +1,98 @@
-"""Chapter 04 exercises: the pool slot of each position through a block table, the chained keys of a prompt's full
-blocks, and merging two partial online-softmax results. The checkers compare with the package's `slot_mapping`
-(`rosellm_edu.layers.paged_attention`), with the keys `BlockManager.commit` gives real blocks
-(`rosellm_edu.engine.block_manager`), and with a plain softmax over all the keys."""
+"""Chapter 04 exercises: a prediction of the prompt tokens the model computes with prefix caching on and off, the
+chained keys of a prompt's full blocks, and merging two partial online-softmax results. The prediction is compared
+with a count on the engine (`rosellm_edu.engine.llm_engine`), the keys with those `BlockManager.commit` gives real
+blocks (`rosellm_edu.engine.block_manager`), the merge with a plain softmax over all the keys."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from rosellm_edu.exercises import Mismatch, checker, expect_close, expect_equal
+from rosellm_edu.exercises import Mismatch, checker, compare_prediction, expect_close, expect_equal
+
+COMMON, OWN, BLOCK_SIZE = 22, 10, 8   # exercise 1: a shared beginning, each request's own tokens, the block size
 
 
-@checker("Slots through a block table")
-def check_slots(fn) -> str:
-    """fn(block_table, block_size, start, end) -> the pool slots of positions start .. end - 1, against the
-    package's `slot_mapping`."""
-    from rosellm_edu.layers.paged_attention import slot_mapping
+def exercise_prompts(seed: int) -> list[list[int]]:
+    """Exercise 1's four prompts: COMMON shared tokens, then OWN tokens of each one's own; the fourth repeats the
+    first. A seed of their own per run, so that no run finds another's blocks in the cache."""
+    g = torch.Generator().manual_seed(seed)
+    common = torch.randint(1000, 20000, (COMMON,), generator=g).tolist()
+    prompts = [common + torch.randint(1000, 20000, (OWN,), generator=g).tolist() for _ in range(3)]
+    return prompts + [list(prompts[0])]
 
-    cases = [([7, 2], 4, 3, 7), ([7, 2], 4, 0, 8), ([5], 16, 0, 1), ([3, 0, 9, 4], 16, 17, 60),
-             ([6, 1, 2], 1, 0, 3), ([2, 8, 5], 8, 8, 16), ([1, 0], 4, 5, 5)]
-    for table, block_size, start, end in cases:
-        name = f"block_table={table}, block_size={block_size}, positions {start}..{end - 1}"
-        got = fn(list(table), block_size, start, end)
-        expected = slot_mapping([table], [start], [end], block_size)
-        if isinstance(got, torch.Tensor):
-            got = got.tolist()
-        if list(got) != expected:
-            without_scale = [table[p // block_size] + p % block_size for p in range(start, end)]
-            hint = ""
-            if list(got) == list(range(start, end)):
-                hint = "; the position itself is not a slot: look its block up in the block table"
-            elif list(got) == without_scale:
-                hint = "; a physical block holds block_size slots: multiply the block number by block_size"
-            raise Mismatch(f"{name}: got {list(got)}, expected {expected}{hint}")
-    return f"your slots equal slot_mapping's on {len(cases)} cases, across block boundaries and empty ranges"
+
+def prompt_tokens_computed(engine, prompts: list[list[int]], together: bool, tag: str) -> int:
+    """Token positions the model computes while engine serves prompts, one token each: all added before the first
+    step (together), or each once the previous one has finished."""
+    from rosellm_edu.sampling_params import SamplingParams
+
+    rows = []
+    hook = engine.model.register_forward_pre_hook(lambda module, args: rows.append(args[0].shape[0]))
+    try:
+        for i, ids in enumerate(prompts):
+            engine.add_request(f"{tag}-{i}", {"prompt_token_ids": ids},
+                               SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+            while not together and engine.has_unfinished_requests():
+                engine.step()
+        while engine.has_unfinished_requests():
+            engine.step()
+    finally:
+        hook.remove()
+    return sum(rows)
+
+
+@functools.cache
+def measured_prompt_tokens() -> dict[tuple[bool, bool], int]:
+    """(prefix_caching, together) -> the prompt tokens the model computed for exercise 1's four requests."""
+    from rosellm_edu.engine.llm_engine import LLMEngine
+
+    counts = {}
+    for caching in (False, True):
+        engine = LLMEngine(dtype="float32", num_kv_blocks=64, block_size=BLOCK_SIZE, enable_prefix_caching=caching)
+        for seed, together in enumerate((True, False)):
+            counts[caching, together] = prompt_tokens_computed(engine, exercise_prompts(seed), together, str(seed))
+    return counts
+
+
+def _setting(caching: bool, together: bool) -> str:
+    return f"prefix caching {'on' if caching else 'off'}, sent {'together' if together else 'one after another'}"
+
+
+@checker("Predict the prefill, then measure it", predicts=True)
+def check_prompt_tokens(predict) -> str:
+    """predict(prefix_caching, together) -> the prompt tokens the model computes for four requests that share
+    COMMON leading tokens (the fourth repeats the first), against a count on the engine."""
+    settings = [(False, True), (False, False), (True, True), (True, False)]
+    predicted = {s: predict(*s) for s in settings}       # the reader's numbers first: nothing is measured for nothing
+    measured = measured_prompt_tokens()
+    said = []
+    for setting in settings:
+        try:
+            said.append(compare_prediction(predicted[setting], measured[setting], _setting(*setting),
+                                           within=(0.98, 1.02), unit=" tokens"))
+        except Mismatch as wrong:
+            raise Mismatch(f"{wrong}{_hint(setting, predicted[setting])}") from None
+    return "; ".join(said)
+
+
+def _hint(setting: tuple[bool, bool], predicted) -> str:
+    caching, together = setting
+    prompt = COMMON + OWN
+    if caching and together and predicted < 4 * prompt:
+        return ("; a block is a cache hit only once its K/V are computed, and requests admitted in the same step all "
+                "begin before any of them has computed a block")
+    if caching and not together:
+        shared, own = COMMON // BLOCK_SIZE * BLOCK_SIZE, prompt - COMMON
+        if predicted in (prompt + 2 * own, prompt + 2 * own + BLOCK_SIZE, prompt + 3 * own):
+            return "; the cache shares whole blocks only: how many full blocks do the common tokens fill?"
+        if predicted == prompt + 2 * (prompt - shared):
+            return ("; the repeated prompt is not all a hit: its last token never is, since the engine needs its "
+                    "logits, and a block is a hit only as a whole")
+        if predicted == prompt + 3 * (prompt - shared):
+            return "; the fourth prompt repeats the first: more of it than the common beginning is cached"
+    return ""
 
 
 def _reference_keys(token_ids: list[int], block_size: int) -> list[bytes]:

@@ -5,7 +5,7 @@
 import warnings
 
 
-# notebooks/04_paged_attention.ipynb, cell 49
+# notebooks/04_paged_attention.ipynb, cell 53
 def build_cpp(name: str, source: str, functions: list[str], fallback: str, extra_cflags: tuple[str, ...] = ()):
     """Compile `source` into a module exposing `functions`, once per machine (torch caches the build under
     ~/.cache/torch_extensions). A compiler without OpenMP (Apple's clang) gets a second try without

@@ -9,7 +9,7 @@ import torch
 from rosellm_edu.kernels.build import build_cpp
 
 
-# notebooks/04_paged_attention.ipynb, cell 44
+# notebooks/04_paged_attention.ipynb, cell 48
 SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -38,7 +38,7 @@ void decode(const T* q, const T* k, const T* v, const int32_t* tables, const int
         const T* vb = v + block * bs * row + h * d;"""
 
 
-# notebooks/04_paged_attention.ipynb, cell 45
+# notebooks/04_paged_attention.ipynb, cell 49
 # ... then, block by block, the online softmax of each query head of the group
 SOURCE += r"""
         for (int64_t g = 0; g < group; ++g) {
@@ -76,7 +76,7 @@ SOURCE += r"""
 """
 
 
-# notebooks/04_paged_attention.ipynb, cell 47
+# notebooks/04_paged_attention.ipynb, cell 51
 SOURCE += r"""
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                      torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
@@ -95,7 +95,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
 """
 
 
-# notebooks/04_paged_attention.ipynb, cell 50
+# notebooks/04_paged_attention.ipynb, cell 54
 @functools.cache
 def extension():
     """The compiled kernel, or None where it cannot be built and the engine gathers the blocks instead."""
@@ -103,7 +103,7 @@ def extension():
                      "decode attention gathers K/V blocks with PyTorch instead")
 
 
-# notebooks/04_paged_attention.ipynb, cell 50
+# notebooks/04_paged_attention.ipynb, cell 54
 def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """The same contract as the Triton kernel: q (seqs, heads, d); k_cache, v_cache (blocks, block_size, kv_heads, d);

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 
-# notebooks/04_paged_attention.ipynb, cell 39
+# notebooks/04_paged_attention.ipynb, cell 43
 @triton.jit
 def _online_softmax_step(m, l, acc, s, v):
     """Fold one block into the running max m (GROUP_PAD,), sum l (GROUP_PAD,) and weighted sum acc
@@ -21,7 +21,7 @@ def _online_softmax_step(m, l, acc, s, v):
     return m_new, l, acc
 
 
-# notebooks/04_paged_attention.ipynb, cell 41
+# notebooks/04_paged_attention.ipynb, cell 45
 @triton.jit
 def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, out_ptr, scale,
                          table_stride, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
@@ -58,7 +58,7 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr
     tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
 
 
-# notebooks/04_paged_attention.ipynb, cell 42
+# notebooks/04_paged_attention.ipynb, cell 46
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                            context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """q: (seqs, heads, d); k_cache, v_cache: (blocks, block_size, kv_heads, d); block_tables: (seqs, max_blocks)

@@ -5,9 +5,13 @@ import torch
 from rosellm_edu.engine.block_manager import chain_hash
 
 
-def slots(block_table: list[int], block_size: int, start: int, end: int) -> list[int]:
-    # position p sits in logical block p // block_size, at offset p % block_size inside it
-    return [block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+def predicted_prompt_tokens(prefix_caching: bool, together: bool) -> int:
+    prompt, block = 22 + 10, 8
+    if not prefix_caching or together:   # sent together, all four begin before any block of theirs is computed
+        return 4 * prompt
+    shared = 22 // block * block         # the common tokens fill 2 whole blocks: 16 tokens are hits
+    repeat = prompt - (prompt - 1) // block * block   # 4 full blocks, but the last token is never a hit: 3 are
+    return prompt + 2 * (prompt - shared) + repeat    # 32 + 2 * 16 + 8 = 72
 
 
 def block_keys(token_ids: list[int], block_size: int) -> list[bytes]:
@@ -24,4 +28,4 @@ def merge(m1, l1, acc1, m2, l2, acc2):   # (heads,), (heads,), (heads, d) twice 
     return m, l1 * a1 + l2 * a2, acc1 * a1[:, None] + acc2 * a2[:, None]
 
 
-SOLUTIONS = {"check_slots": slots, "check_block_keys": block_keys, "check_merge": merge}
+SOLUTIONS = {"check_prompt_tokens": predicted_prompt_tokens, "check_block_keys": block_keys, "check_merge": merge}
