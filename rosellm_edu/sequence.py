@@ -1,4 +1,4 @@
-# Generated from notebooks/01_token_generation.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/08_where_the_time_goes.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/01_token_generation.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/06a_logprobs.ipynb, notebooks/08_where_the_time_goes.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -35,7 +35,8 @@ class Sequence:
 
     # notebooks/06_fast_sampling.ipynb, cell 49
     def __post_init__(self):
-        self.detokenizer = DecodeStream(skip_special_tokens=self.params.skip_special_tokens)  # the request's
+        # the text so far, grown token by token
+        self.detokenizer = DecodeStream(skip_special_tokens=self.params.skip_special_tokens)
         asked = self.params.return_sampling_mask
         self.sampling_mask: list[list[int]] | None = [] if asked else None   # kept ids per token, when asked
         self.sampling_logz: list[float] | None = [] if asked else None
@@ -112,7 +113,7 @@ class Sequence:
         self.finish("stop", stop)
         return True
 
-    # notebooks/06_fast_sampling.ipynb, cell 49
+    # notebooks/06_fast_sampling.ipynb, cell 51
     def record_sampling_mask(self, mask: list[int] | None, logz: float) -> None:
         """Keep the support the next token is drawn from; None (nothing truncated) makes the whole mask None."""
         self.sampling_logz.append(logz)
@@ -121,7 +122,7 @@ class Sequence:
         else:
             self.sampling_mask.append(mask)
 
-    # notebooks/06_fast_sampling.ipynb, cell 86
+    # notebooks/06a_logprobs.ipynb, cell 16
     def record_logprobs(self, logprobs: dict[int, Logprob], token: int) -> None:
         """The sampled token's {id: Logprob}, before the token is appended."""
         self.logprobs.append(logprobs)

@@ -1,36 +1,28 @@
-"""Chapter 06's checkers reject typical wrong answers and say what is wrong."""
+"""Chapter 06's checkers reject typical wrong answers and say what is wrong, and its prediction checker rejects a
+prediction far from the measurement."""
 
 import torch
 
 from rosellm_edu.exercises import ch06
-from rosellm_edu.exercises.solutions.ch06 import batched_top_k_top_p, exponential_race, keep_mask
+from rosellm_edu.exercises.solutions.ch06 import batched_top_k_top_p, exponential_race, predict_kept
 
 
-def test_a_mask_that_drops_the_token_crossing_p_is_rejected(capsys):
-    def drops_crossing_token(logits, temperature, top_k, top_p):
-        mask, log_z = keep_mask(logits, temperature, top_k, top_p)
-        return mask[:-1] if len(mask) > 1 else mask, log_z
-
-    assert not ch06.check_sampling_mask(drops_crossing_token)
+def test_a_prediction_of_ninety_percent_of_the_vocabulary_is_rejected(capsys):
+    assert not ch06.check_top_p_prediction(lambda temperature: 900)
     out = capsys.readouterr().out
-    assert "top-p 0.6" in out and "misses ids [3]" in out and "crosses p" in out
+    assert "temperature 0.5: you predicted 900 tokens, the engine measured 12 tokens" in out and "0.8x to 1.25x" in out
 
 
-def test_a_log_z_computed_without_temperature_is_rejected(capsys):
-    def no_temperature_in_log_z(logits, temperature, top_k, top_p):
-        return keep_mask(logits, temperature, top_k, top_p)[0], keep_mask(logits, 1.0, top_k, top_p)[1]
-
-    assert not ch06.check_sampling_mask(no_temperature_in_log_z)
-    assert "log Z" in capsys.readouterr().out
+def test_a_prediction_that_ignores_temperature_is_rejected(capsys):
+    assert not ch06.check_top_p_prediction(lambda temperature: predict_kept(1.0))
+    assert "temperature 0.5: you predicted 24 tokens" in capsys.readouterr().out
 
 
-def test_an_unsorted_mask_is_named_as_unsorted(capsys):
-    def unsorted(logits, temperature, top_k, top_p):
-        mask, log_z = keep_mask(logits, temperature, top_k, top_p)
-        return mask[::-1], log_z
-
-    assert not ch06.check_sampling_mask(unsorted)
-    assert "not sorted" in capsys.readouterr().out
+def test_the_continuous_estimate_is_accepted_and_a_non_number_is_named(capsys):
+    assert ch06.check_top_p_prediction(lambda temperature: 23.03 * temperature)
+    assert "temperature 2: you predicted 46.06 tokens, the engine measured 47 tokens" in capsys.readouterr().out
+    assert not ch06.check_top_p_prediction(lambda temperature: "about 24")
+    assert "predict a number, got str" in capsys.readouterr().out
 
 
 def test_one_top_k_for_the_whole_batch_is_rejected(capsys):

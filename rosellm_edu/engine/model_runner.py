@@ -1,4 +1,4 @@
-# Generated from notebooks/05_cuda_graphs.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/08_where_the_time_goes.ipynb, notebooks/12_speculative_decoding.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/05_cuda_graphs.ipynb, notebooks/06a_logprobs.ipynb, notebooks/08_where_the_time_goes.ipynb, notebooks/12_speculative_decoding.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -12,7 +12,7 @@ from rosellm_edu.engine.scheduler import ScheduledSeq
 from rosellm_edu.layers.paged_attention import PagedAttention, SeqGroup, decode_kernel, padded_tables
 
 
-# notebooks/05_cuda_graphs.ipynb, cell 19
+# notebooks/05_cuda_graphs.ipynb, cell 20
 def batch_size_buckets(max_num_seqs: int) -> list[int]:
     """The batch sizes that get a graph: 1, 2, 4, then every multiple of 8 below max_num_seqs, then max_num_seqs."""
     if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
@@ -20,7 +20,7 @@ def batch_size_buckets(max_num_seqs: int) -> list[int]:
     return [b for b in (1, 2, 4) if b < max_num_seqs] + list(range(8, max_num_seqs, 8)) + [max_num_seqs]
 
 
-# notebooks/05_cuda_graphs.ipynb, cell 19
+# notebooks/05_cuda_graphs.ipynb, cell 20
 def check_triton_shapes(block_size: int, head_dim: int) -> None:
     """The Triton decode kernel tiles a block and a head with tl.arange, which needs powers of two."""
     for name, value in [("block_size", block_size), ("head_dim", head_dim)]:
@@ -28,7 +28,7 @@ def check_triton_shapes(block_size: int, head_dim: int) -> None:
             raise ValueError(f"the GPU decode kernel needs a power-of-two {name}, got {value}")
 
 
-# notebooks/05_cuda_graphs.ipynb, cell 21
+# notebooks/05_cuda_graphs.ipynb, cell 22
 class ModelRunner:
     """Runs the model over a scheduled batch and returns the logits of the rows that sample. Prefill and mixed
     batches run eagerly; decode batches run through static buffers, replayed as CUDA graphs on a GPU."""
@@ -100,7 +100,7 @@ class ModelRunner:
         return 0 < len(batch) <= self.max_num_seqs and all(s.num_new == 1 and s.samples and not s.draft_token_ids
                                                            for s in batch)
 
-    # notebooks/05_cuda_graphs.ipynb, cell 25
+    # notebooks/05_cuda_graphs.ipynb, cell 26
     def padded_size(self, num_seqs: int) -> int:
         """The smallest bucket that holds num_seqs rows."""
         return self.buckets[bisect_left(self.buckets, num_seqs)]
@@ -130,13 +130,13 @@ class ModelRunner:
             self.block_tables[:rows, :width].copy_(stage["block_tables"][:rows, :width], non_blocking=True)
         return width
 
-    # notebooks/05_cuda_graphs.ipynb, cell 29
+    # notebooks/05_cuda_graphs.ipynb, cell 30
     def run_decode(self, rows: int, width: int) -> torch.Tensor:
         """The model over the first `rows` rows of the buffers; logits (rows, vocab)."""
         hidden = self.model(self.input_ids[:rows], self.positions[:rows], self.decode_attention(rows, width))
         return self.model.compute_logits(hidden)
 
-    # notebooks/05_cuda_graphs.ipynb, cell 29
+    # notebooks/05_cuda_graphs.ipynb, cell 30
     def decode_attention(self, rows: int, width: int) -> PagedAttention:
         """Attention metadata made of views of the static buffers, so a captured graph reads what the next step
         writes there. A graph is captured with every block-table column; an eager step passes only the `width`
@@ -146,7 +146,7 @@ class ModelRunner:
         return PagedAttention(kv.k, kv.v, kv.block_size, self.slot_mapping[:rows], group, None,
                               decode_kernel(kv.k.device))
 
-    # notebooks/05_cuda_graphs.ipynb, cell 31
+    # notebooks/05_cuda_graphs.ipynb, cell 32
     @torch.no_grad()
     def capture(self) -> None:
         """One CUDA graph per bucket, largest first, all allocating from one memory pool: the graphs never run

@@ -1,54 +1,36 @@
-"""Chapter 06 exercises: the keep-sampling mask of one row, batched top-k then top-p with per-row parameters, and
-the exponential race checked statistically. Each checker compares with the package's sampler
-(`rosellm_edu.layers.sampler`) or with the probabilities it was given."""
+"""Chapter 06 exercises: predict how many tokens top-p keeps and measure it with the keep-sampling mask, batched
+top-k then top-p with per-row parameters, and the exponential race checked statistically. Each checker compares
+with the package's sampler (`rosellm_edu.layers.sampler`) or with the probabilities it was given."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from rosellm_edu.exercises import Mismatch, checker, expect_close
+from rosellm_edu.exercises import Mismatch, checker, compare_prediction, expect_close
 
 
-def _mask_cases() -> list[tuple[str, torch.Tensor, float, int, float]]:
-    """(name, logits (V,), temperature, top_k, top_p); every case truncates something."""
-    logits = torch.randn(1000, generator=torch.Generator().manual_seed(6)) * 3
-    toy = torch.tensor([0.1, 0.2, 0.3, 0.4]).log()
-    return [("probabilities [0.1, 0.2, 0.3, 0.4], top-p 0.6", toy, 1.0, 0, 0.6),
-            ("top-k 50 + top-p 0.9 at temperature 0.7", logits, 0.7, 50, 0.9),
-            ("top-k 10 alone at temperature 1.3", logits, 1.3, 10, 1.0),
-            ("top-p 0.5 alone", logits, 1.0, 0, 0.5),
-            ("top-k 1", logits, 1.0, 1, 1.0),
-            ("top-p 0.01 (only the most likely token)", logits, 0.8, 0, 0.01)]
+TEMPERATURES = (0.5, 1.0, 2.0)
 
 
-@checker("Keep-sampling mask of one row")
-def check_sampling_mask(fn) -> str:
-    """fn(logits (V,), temperature, top_k, top_p) -> (sorted kept ids, log Z), against the package's `sample`."""
+def geometric_row(vocab_size: int = 1000, step: float = 0.1) -> torch.Tensor:
+    """Logits -step * i for token i: each token a little less likely than the one before. (V,)"""
+    return -step * torch.arange(vocab_size, dtype=torch.float32)
+
+
+@checker("How many tokens top-p keeps", predicts=True)
+def check_top_p_prediction(predict) -> str:
+    """predict(temperature) -> how many tokens top-p 0.9 keeps of geometric_row(), against the length of the
+    keep-sampling mask the package's `sample` returns for that row."""
     from rosellm_edu.layers.sampler import sample
     from rosellm_edu.sampling_params import SamplingParams
 
-    for name, logits, t, k, p in _mask_cases():
-        params = SamplingParams(temperature=t, top_k=k, top_p=p, return_sampling_mask=True)
-        out = sample(logits[None], [params], [None], torch.Generator().manual_seed(0))
-        expected, expected_logz = out.sampling_masks[0], out.sampling_logz[0]
-        got = fn(logits.clone(), t, k, p)
-        if not isinstance(got, tuple) or len(got) != 2:
-            raise Mismatch(f"{name}: return a tuple (mask, log_z), got {type(got).__name__}")
-        mask, logz = got
-        mask = [int(i) for i in mask]
-        if mask != expected:
-            missing, extra = sorted(set(expected) - set(mask)), sorted(set(mask) - set(expected))
-            if not missing and not extra:
-                raise Mismatch(f"{name}: the right ids, but not sorted: {mask}")
-            raise Mismatch(f"{name}: mask {mask[:12]}{'...' if len(mask) > 12 else ''} misses ids {missing[:8]} "
-                           f"and has extra ids {extra[:8]} (top-k first, renormalise, then top-p keeping the token "
-                           f"that crosses p)")
-        if not math.isclose(float(logz), expected_logz, abs_tol=1e-4):
-            raise Mismatch(f"{name}: log Z {float(logz):.6f}, expected {expected_logz:.6f} (the log of the softmax "
-                           f"mass, after temperature, that the kept ids hold)")
-    return f"masks and log Z agree with the package's sampler on {len(_mask_cases())} rows"
+    logits = geometric_row()[None]                                          # (1, V)
+    said = []
+    for t in TEMPERATURES:
+        params = SamplingParams(temperature=t, top_p=0.9, return_sampling_mask=True)
+        mask = sample(logits, [params], [None], torch.Generator().manual_seed(0)).sampling_masks[0]
+        said.append(compare_prediction(predict(t), len(mask), f"temperature {t:g}", unit=" tokens"))
+    return "; ".join(said)
 
 
 def _batch_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,4 +1,4 @@
-# Generated from notebooks/01_token_generation.ipynb, notebooks/06_fast_sampling.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/01_token_generation.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/06a_logprobs.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -56,11 +56,11 @@ def filtered_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return apply_top_p(apply_top_k(logits, params.top_k), params.top_p)
 
 
-# notebooks/06_fast_sampling.ipynb, cell 51
+# notebooks/06_fast_sampling.ipynb, cell 53
 SAMPLING_MASK_CAP = 2048   # the most vocabulary ids one sampling mask lists
 
 
-# notebooks/06_fast_sampling.ipynb, cell 75
+# notebooks/06a_logprobs.ipynb, cell 4
 def logprob_table(raw_logits: torch.Tensor, token_ids: torch.Tensor, num_top: int) -> torch.Tensor:
     """Per row of the model's raw logits (n, V): the log-probability of token_ids[row] and its rank (the number
     of tokens at least as likely, as vLLM counts: 1 = the most likely), then the ids and log-probabilities of the
@@ -72,7 +72,7 @@ def logprob_table(raw_logits: torch.Tensor, token_ids: torch.Tensor, num_top: in
     return torch.cat([chosen.double(), rank.double(), top_ids.double(), top.double()], dim=-1)
 
 
-# notebooks/06_fast_sampling.ipynb, cell 75
+# notebooks/06a_logprobs.ipynb, cell 4
 def logprob_dict(row: list[float], token: int, num_top: int) -> dict[int, Logprob]:
     """One row of logprob_table, on the host, as {token id: Logprob}: the token, then its num_top best."""
     width = (len(row) - 2) // 2                                          # the table's num_top
@@ -82,7 +82,7 @@ def logprob_dict(row: list[float], token: int, num_top: int) -> dict[int, Logpro
     return entries
 
 
-# notebooks/06_fast_sampling.ipynb, cell 77
+# notebooks/06a_logprobs.ipynb, cell 6
 def sampled_logprob_table(raw_logits: torch.Tensor, params: list[SamplingParams],
                           tokens: torch.Tensor) -> torch.Tensor | None:
     """logprob_table of the rows whose params ask for logprobs, None if none does. A token of -1 (top-p's
@@ -94,7 +94,7 @@ def sampled_logprob_table(raw_logits: torch.Tensor, params: list[SamplingParams]
     return logprob_table(rows(raw_logits, asking), tokens[asking].clamp_min(0), num_top)
 
 
-# notebooks/06_fast_sampling.ipynb, cell 77
+# notebooks/06a_logprobs.ipynb, cell 6
 def to_host(tokens: torch.Tensor, table: torch.Tensor | None) -> tuple[list[int], list[list[float]]]:
     """The step's one device->host transfer: the token ids, and the logprob table when there is one."""
     if table is None:
@@ -104,7 +104,7 @@ def to_host(tokens: torch.Tensor, table: torch.Tensor | None) -> tuple[list[int]
     return [int(t) for t in flat[:n]], [flat[n + r * width:n + (r + 1) * width] for r in range(table.shape[0])]
 
 
-# notebooks/06_fast_sampling.ipynb, cell 77
+# notebooks/06a_logprobs.ipynb, cell 6
 def logprob_dicts(params: list[SamplingParams], token_ids: list[int],
                   table: list[list[float]]) -> list[dict[int, Logprob] | None]:
     """Each row's {token id: Logprob}, None where it did not ask."""
@@ -115,7 +115,7 @@ def logprob_dicts(params: list[SamplingParams], token_ids: list[int],
     return out
 
 
-# notebooks/06_fast_sampling.ipynb, cell 79
+# notebooks/06a_logprobs.ipynb, cell 8
 @dataclass
 class SamplerOutput:
     token_ids: list[int]
@@ -240,7 +240,7 @@ def draw_truncated(logits: torch.Tensor, params: list[SamplingParams], generator
     return torch.where(cand.complete, tokens, -1), cand
 
 
-# notebooks/06_fast_sampling.ipynb, cell 53
+# notebooks/06_fast_sampling.ipynb, cell 55
 def sampling_masks(logits: torch.Tensor, params: list[SamplingParams], token_ids: list[int],
                    candidates: dict[int, tuple[Candidates, int]]) -> tuple[list, list]:
     """For each row of logits (B, V) that asks: the sorted ids its token was drawn from, and logZ, the log of the
@@ -282,7 +282,7 @@ def sampling_masks(logits: torch.Tensor, params: list[SamplingParams], token_ids
     return masks, logz
 
 
-# notebooks/06_fast_sampling.ipynb, cell 80
+# notebooks/06a_logprobs.ipynb, cell 10
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
            generator: torch.Generator | None = None, raw_logits: torch.Tensor | None = None) -> SamplerOutput:
     """One token per row of logits (B, V), each row with its own parameters, in one device->host transfer

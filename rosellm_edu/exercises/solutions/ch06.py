@@ -1,20 +1,16 @@
 """Worked solutions to chapter 06's exercises."""
 
+import math
+
 import torch
 
 
-def keep_mask(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> tuple[list[int], float]:
-    """The sorted ids a token of this row is drawn from after top-k then top-p, and log Z, the log of the softmax
-    mass (after temperature) they keep. logits (V,)."""
-    scaled = logits.float() / temperature                          # (V,)
-    vocab_size = scaled.shape[0]
-    k = top_k if 0 < top_k < vocab_size else vocab_size
-    top, ids = scaled.topk(k)                                      # (k,) sorted, most likely first
-    probs = top.softmax(dim=-1)                                    # top-k renormalises over the top k
-    mass_before = probs.cumsum(dim=-1) - probs
-    kept = mass_before < top_p if top_p < 1 else torch.ones(k, dtype=torch.bool)  # the crossing token stays
-    log_z = top[kept].logsumexp(dim=-1) - scaled.logsumexp(dim=-1)
-    return sorted(ids[kept].tolist()), log_z.item()
+def predict_kept(temperature: float) -> int:
+    """How many tokens top-p 0.9 keeps of the logits -0.1 * i (i < 1000). After temperature, p_i is proportional
+    to r**i with r = exp(-0.1 / temperature); the first j tokens hold 1 - r**j of the mass (r**1000 is
+    negligible). Token j stays while the mass before it is below 0.9: r**j > 0.1, j < log(0.1) / log(r)."""
+    r = math.exp(-0.1 / temperature)
+    return math.floor(math.log(0.1) / math.log(r)) + 1
 
 
 def batched_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
@@ -41,7 +37,7 @@ def exponential_race(probs: torch.Tensor, generator: torch.Generator) -> torch.T
 
 
 SOLUTIONS = {
-    "check_sampling_mask": keep_mask,
+    "check_top_p_prediction": predict_kept,
     "check_batched_top_k_top_p": batched_top_k_top_p,
     "check_exponential_race": exponential_race,
 }
