@@ -11,7 +11,7 @@ from rosellm_edu.outputs import RequestOutput
 from rosellm_edu.sampling_params import SamplingParams
 
 
-# notebooks/03_continuous_batching.ipynb, cell 38
+# notebooks/03_continuous_batching.ipynb, cell 42
 @dataclass
 class Request:
     request_id: str
@@ -20,7 +20,7 @@ class Request:
     arrival_time: float = 0.0     # seconds after the stream starts
 
 
-# notebooks/03_continuous_batching.ipynb, cell 38
+# notebooks/03_continuous_batching.ipynb, cell 42
 @dataclass
 class Delta:
     request_id: str
@@ -32,7 +32,7 @@ class Delta:
     error: str | None = None
 
 
-# notebooks/03_continuous_batching.ipynb, cell 39
+# notebooks/03_continuous_batching.ipynb, cell 43
 class DeltaTracker:
     """What each request has been sent so far, so that its next output becomes a delta of only the new part."""
 
@@ -58,7 +58,7 @@ class DeltaTracker:
         return text[sent:end], new_tokens
 
 
-# notebooks/03_continuous_batching.ipynb, cell 40
+# notebooks/03_continuous_batching.ipynb, cell 44
 def stream(engine, requests: list[Request], clock=time.perf_counter) -> Iterator[Delta]:
     pending = deque(sorted(requests, key=lambda r: r.arrival_time))
     tracker = DeltaTracker()

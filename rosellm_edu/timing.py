@@ -31,7 +31,7 @@ def verdict(name: str, seconds: float, baseline: str, baseline_seconds: float, n
     return f"{name} takes {ratio:.2f}x the time of {baseline}: {word} on this machine"
 
 
-# notebooks/02_kv_cache.ipynb, cell 24
+# notebooks/02_kv_cache.ipynb, cell 28
 @dataclass(frozen=True)
 class Choice:
     """What a measurement chose: the winner and each candidate's seconds per call."""
@@ -43,11 +43,11 @@ class Choice:
         return f"chosen on this machine: {self.name} ({times})"
 
 
-# notebooks/02_kv_cache.ipynb, cell 24
+# notebooks/02_kv_cache.ipynb, cell 28
 CHOICES: dict[str, Choice] = {}   # one measurement per key and process
 
 
-# notebooks/02_kv_cache.ipynb, cell 24
+# notebooks/02_kv_cache.ipynb, cell 28
 def choose(key: str, candidates: dict[str, Callable[[], object]], repeat: int = 7, warmup: int = 2,
            noise: float = 0.05) -> Choice:
     """Time each candidate, in interleaved rounds after a warm-up, and keep the fastest, once per process. The

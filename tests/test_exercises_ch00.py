@@ -1,5 +1,6 @@
 """Chapter 00's checkers turn down typical wrong answers and say what is wrong."""
 
+import copy
 import math
 
 import torch
@@ -8,31 +9,36 @@ from rosellm_edu.exercises import ch00
 from rosellm_edu.exercises.solutions import ch00 as solutions
 
 
-def test_rms_norm_without_eps_is_caught_on_tiny_values(capsys):
-    def no_eps(x, weight, eps):
-        x32 = x.float()
-        return weight * (x32 / x32.pow(2).mean(-1, keepdim=True).sqrt()).to(x.dtype)
+def test_a_parameter_count_that_counts_the_tied_lm_head_twice_is_rejected(capsys):
+    def untied(config):
+        return solutions.predict_parameters(config) + config.vocab_size * config.hidden_size * config.tie_word_embeddings
 
-    assert not ch00.check_rms_norm(no_eps)
-    assert "tiny values, where eps matters" in capsys.readouterr().out
-
-
-def test_layer_norm_is_not_rms_norm(capsys):
-    def layer_norm(x, weight, eps):
-        x32 = x.float()
-        x32 = (x32 - x32.mean(-1, keepdim=True)) / torch.sqrt(x32.var(-1, keepdim=True, unbiased=False) + eps)
-        return weight * x32.to(x.dtype)
-
-    assert not ch00.check_rms_norm(layer_norm)
-    assert "differs by up to" in capsys.readouterr().out
+    assert not ch00.check_parameter_count(untied)
+    out = capsys.readouterr().out
+    assert "SmolLM2-135M's parameters: you predicted" in out and "an estimate that models" in out
 
 
-def test_rms_norm_returning_float32_for_bfloat16_input_is_caught(capsys):
-    def keeps_float32(x, weight, eps):
-        return solutions.rms_norm(x.float(), weight, eps)
+def test_a_parameter_count_that_ignores_grouped_query_attention_is_rejected(capsys):
+    def full_kv_heads(config):
+        config = copy.deepcopy(config)
+        config.num_key_value_heads = config.num_attention_heads
+        return solutions.predict_parameters(config)
 
-    assert not ch00.check_rms_norm(keeps_float32)
-    assert "dtype torch.float32, expected torch.bfloat16" in capsys.readouterr().out
+    assert not ch00.check_parameter_count(full_kv_heads)
+    assert "you predicted" in capsys.readouterr().out
+
+
+def test_a_parameter_count_without_the_norms_is_close_enough(capsys):
+    def no_norms(config):
+        return solutions.predict_parameters(config) - (2 * config.num_hidden_layers + 1) * config.hidden_size
+
+    assert ch00.check_parameter_count(no_norms)
+    assert "within 0.97x to 1.03x" in capsys.readouterr().out
+
+
+def test_a_parameter_count_must_be_a_number(capsys):
+    assert not ch00.check_parameter_count(lambda config: "135M")
+    assert "predict a number, got str" in capsys.readouterr().out
 
 
 def test_rope_with_interleaved_pairs_is_caught(capsys):

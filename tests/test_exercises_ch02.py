@@ -8,30 +8,15 @@ from rosellm_edu.exercises import ch02
 from rosellm_edu.exercises.solutions import ch02 as solutions
 
 
-def test_kv_bytes_counting_query_heads_instead_of_kv_heads_is_caught(capsys):
-    def query_heads(config, dtype):
-        return 2 * config.num_hidden_layers * config.hidden_size * torch.empty(0, dtype=dtype).element_size()
-
-    assert not ch02.check_kv_bytes_per_token(query_heads)
-    assert "SmolLM2-135M in torch.float32: got 138240, expected 46080" in capsys.readouterr().out
+def test_predicting_new_tokens_times_fewer_positions_is_rejected(capsys):
+    assert not ch02.check_recompute_ratio(lambda prompt_len, new_tokens: new_tokens)
+    out = capsys.readouterr().out
+    assert "a 16-token prompt, 8 new tokens: you predicted 8x, the engine measured 6.783x" in out
 
 
-def test_kv_bytes_forgetting_the_values_is_caught(capsys):
-    def keys_only(config, dtype):
-        return solutions.kv_bytes_per_token(config, dtype) // 2
-
-    assert not ch02.check_kv_bytes_per_token(keys_only)
-    assert "expected 46080" in capsys.readouterr().out
-
-
-def test_kv_bytes_assuming_head_dim_is_hidden_over_heads_is_caught(capsys):
-    def derived_head_dim(config, dtype):
-        per_element = torch.empty(0, dtype=dtype).element_size()
-        head_dim = config.hidden_size // config.num_attention_heads
-        return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * per_element
-
-    assert not ch02.check_kv_bytes_per_token(derived_head_dim)
-    assert "head_dim 128 != hidden / heads" in capsys.readouterr().out
+def test_predicting_the_ratio_of_the_last_passes_is_rejected(capsys):
+    assert not ch02.check_recompute_ratio(lambda prompt_len, new_tokens: prompt_len + new_tokens)
+    assert "an estimate that models what the engine does lands within 0.9x to 1.1x" in capsys.readouterr().out
 
 
 def attend(q, keys, values):

@@ -4,27 +4,18 @@ from rosellm_edu.exercises import ch03
 from rosellm_edu.exercises.solutions import ch03 as solutions
 
 
-def test_static_waste_rejects_padding_to_the_longest_prompt_of_the_whole_workload(capsys):
-    def padded_to_global_longest(prompt_lens, output_lens, batch_size):
-        pad = sum(max(prompt_lens) - p for p in prompt_lens)
-        return pad, solutions.static_waste(prompt_lens, output_lens, batch_size)[1]
-
-    assert not ch03.check_static_waste(padded_to_global_longest)
+def test_predicting_the_tokens_shared_evenly_among_the_seats_is_rejected(capsys):
+    assert not ch03.check_engine_steps(lambda prompt_lens, output_lens, max_num_seqs: sum(output_lens) / max_num_seqs)
     out = capsys.readouterr().out
-    assert out.startswith("✗ static batching waste") and "(pad positions, idle decode slots)" in out
+    assert out.startswith("✗ Predict the engine's steps") and "max_num_seqs=2: you predicted 8.5 steps" in out
 
 
-def test_static_waste_rejects_a_last_batch_counted_as_full(capsys):
-    def full_last_batch(prompt_lens, output_lens, batch_size):
-        pad = idle = 0
-        for i in range(0, len(prompt_lens), batch_size):
-            p, o = prompt_lens[i:i + batch_size], output_lens[i:i + batch_size]
-            pad += max(p) * batch_size - sum(p)
-            idle += max(o) * batch_size - sum(o)
-        return pad, idle
+def test_predicting_a_separate_step_for_each_prefill_is_rejected(capsys):
+    def prefill_apart(prompt_lens, output_lens, max_num_seqs):
+        return solutions.predict_steps(prompt_lens, [n + 1 for n in output_lens], max_num_seqs)
 
-    assert not ch03.check_static_waste(full_last_batch)
-    assert "expected" in capsys.readouterr().out
+    assert not ch03.check_engine_steps(prefill_apart)
+    assert "the engine measured 17 steps" in capsys.readouterr().out
 
 
 def test_schedule_step_rejects_admitting_new_requests_before_the_running_ones(capsys):

@@ -6,22 +6,23 @@ from rosellm_edu.exercises import ch05
 from rosellm_edu.exercises.solutions import ch05 as solutions
 
 
-def test_padded_size_rejects_the_next_power_of_two(capsys):
-    def next_power_of_two(num_seqs, max_num_seqs):
-        return min(1 << (num_seqs - 1).bit_length(), max_num_seqs)
+def test_a_prediction_with_powers_of_two_for_buckets_is_rejected(capsys):
+    def powers_of_two(output_lens, max_num_seqs):
+        live = [sum(n > step for n in output_lens) for step in range(1, max(output_lens))]
+        return sum(min(1 << (n - 1).bit_length(), max_num_seqs) - n for n in live)
 
-    assert not ch05.check_padded_size(next_power_of_two)
+    assert not ch05.check_padded_rows(powers_of_two)
     out = capsys.readouterr().out
-    assert "✗ padded_size" in out and "padded_size(17, 64)" in out and "got 32, expected 24" in out
+    assert "✗ Predict the padded rows" in out and "20 requests, max_num_seqs=32: you predicted 77 rows, the engine measured 53 rows" in out
 
 
-def test_padded_size_rejects_a_bucket_past_max_num_seqs(capsys):
-    def uncapped(num_seqs, max_num_seqs):
-        return num_seqs if num_seqs <= 2 else 4 if num_seqs <= 4 else -(-num_seqs // 8) * 8
+def test_a_prediction_that_pads_the_prefill_step_too_is_rejected(capsys):
+    def prefill_padded(output_lens, max_num_seqs):
+        live = len(output_lens)
+        return solutions.predict_padded_rows(output_lens, max_num_seqs) + solutions.padded_size(live, max_num_seqs) - live
 
-    assert not ch05.check_padded_size(uncapped)
-    out = capsys.readouterr().out
-    assert "padded_size(3, 3)" in out and "got 4, expected 3" in out
+    assert not ch05.check_padded_rows(prefill_padded)
+    assert "5 requests, max_num_seqs=8: you predicted 12 rows, the engine measured 9 rows" in capsys.readouterr().out
 
 
 def with_padded_rows(name, value):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-# notebooks/03_continuous_batching.ipynb, cell 42
+# notebooks/03_continuous_batching.ipynb, cell 46
 @dataclass
 class RequestTimes:
     arrival: float
@@ -32,7 +32,7 @@ class RequestTimes:
         return np.diff(self.token_times).tolist()
 
 
-# notebooks/03_continuous_batching.ipynb, cell 42
+# notebooks/03_continuous_batching.ipynb, cell 46
 def percentiles_ms(values: list[float]) -> dict[str, float]:
     if not values:
         return {"p50": float("nan"), "p95": float("nan"), "p99": float("nan")}
@@ -40,7 +40,7 @@ def percentiles_ms(values: list[float]) -> dict[str, float]:
     return {"p50": float(p50), "p95": float(p95), "p99": float(p99)}
 
 
-# notebooks/03_continuous_batching.ipynb, cell 43
+# notebooks/03_continuous_batching.ipynb, cell 47
 def summarize(requests: list[RequestTimes], duration: float) -> dict:
     done = [r for r in requests if r.token_times]
     completion = sum(len(r.token_times) for r in done)
@@ -58,7 +58,7 @@ def summarize(requests: list[RequestTimes], duration: float) -> dict:
     }
 
 
-# notebooks/03_continuous_batching.ipynb, cell 43
+# notebooks/03_continuous_batching.ipynb, cell 47
 def format_summary(summary: dict, title: str = "summary") -> str:
     lines = [f"=== {title} ===",
              f"Requests: {summary['requests']}",

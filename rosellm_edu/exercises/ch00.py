@@ -1,31 +1,37 @@
-"""Chapter 00's exercises: RMSNorm, rotary embeddings and causal grouped-query attention, each checked against the
-layer the chapter wrote (`rosellm_edu.layers`)."""
+"""Chapter 00's exercises: a prediction of a model's parameter count from its config, measured on the built model;
+rotary embeddings and causal grouped-query attention, each checked against the layer the chapter wrote
+(`rosellm_edu.layers`)."""
 
 import torch
 
-from rosellm_edu.exercises import Mismatch, checker, expect_close
+from rosellm_edu.exercises import checker, compare_prediction, expect_close
 
 
-@checker("RMSNorm")
-def check_rms_norm(rms_norm) -> str:
-    """rms_norm(x, weight, eps): x (tokens, hidden), weight (hidden,) -> (tokens, hidden), like layers.norm.RMSNorm."""
-    from rosellm_edu.layers.norm import RMSNorm
+def parameter_configs():
+    """Llama-family shapes to predict: SmolLM2-135M (tied embedding), and a Llama-3-8B-like one (untied LM head)."""
+    from transformers import LlamaConfig
 
-    gen = torch.Generator().manual_seed(0)
-    cases = [("random float32 rows", torch.randn(5, 16, generator=gen), 1e-6),
-             ("rows with a large mean", torch.randn(3, 8, generator=gen) + 10.0, 1e-6),
-             ("tiny values, where eps matters", torch.randn(4, 8, generator=gen) * 1e-4, 1e-5),
-             ("bfloat16 input (compute in float32, return bfloat16)", torch.randn(4, 32, generator=gen).bfloat16(), 1e-6)]
-    for what, x, eps in cases:
-        layer = RMSNorm(x.shape[-1], eps).to(x.dtype)  # a bfloat16 model has bfloat16 weights
-        with torch.no_grad():
-            layer.weight.copy_(torch.rand(x.shape[-1], generator=gen) + 0.5)
-            expected = layer(x)
-            got = rms_norm(x.clone(), layer.weight.detach().clone(), eps)
-        if isinstance(got, torch.Tensor) and got.dtype != expected.dtype:
-            raise Mismatch(f"{what}: dtype {got.dtype}, expected {expected.dtype} (the input's dtype)")
-        expect_close(got, expected, what, atol=1e-2 if x.dtype == torch.bfloat16 else 1e-5)
-    return "matches layers.norm.RMSNorm on float32 and bfloat16 rows, eps included"
+    return [("SmolLM2-135M", LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                                         tie_word_embeddings=True)),
+            ("a Llama-3-8B-like config", LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                                                    num_hidden_layers=32, num_attention_heads=32,
+                                                    num_key_value_heads=8, tie_word_embeddings=False))]
+
+
+@checker("Predict the parameter count", predicts=True)
+def check_parameter_count(predict_parameters) -> str:
+    """predict_parameters(config) -> the parameters of LlamaForCausalLM(config), measured on the built model."""
+    from rosellm_edu.models.llama import LlamaForCausalLM
+
+    said = []
+    for name, config in parameter_configs():
+        predicted = predict_parameters(config)
+        with torch.device("meta"):                                   # shapes only, no memory
+            model = LlamaForCausalLM(config)
+        measured = sum(p.numel() for p in model.parameters())      # a tied weight is one parameter, counted once
+        said.append(compare_prediction(predicted, measured, f"{name}'s parameters", within=(0.97, 1.03)))
+    return "; ".join(said)
 
 
 @checker("Rotary position embedding")

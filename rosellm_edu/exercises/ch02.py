@@ -1,11 +1,14 @@
-"""Chapter 02's exercises: the KV cache's size per token, one decode step of attention against cached K/V, and the
-FLOPs of a decode step, checked against `engine.kv_cache.kv_cache_shape`, `layers.attention.causal_attention`
-and the weights of `models.llama.LlamaForCausalLM`."""
+"""Chapter 02's exercises: a prediction of the work a KV cache saves, measured by counting the token positions
+that chapter 01's engine and the cached engine compute; one decode step of attention against cached K/V; and the
+FLOPs of a decode step, checked against `layers.attention.causal_attention` and the weights of
+`models.llama.LlamaForCausalLM`."""
+
+import functools
 
 import torch
 from transformers import LlamaConfig
 
-from rosellm_edu.exercises import Mismatch, checker, expect_close, expect_equal
+from rosellm_edu.exercises import Mismatch, checker, compare_prediction, expect_close, expect_equal
 
 
 def configs() -> list[tuple[str, LlamaConfig]]:
@@ -21,17 +24,69 @@ def configs() -> list[tuple[str, LlamaConfig]]:
                 num_attention_heads=4, num_key_value_heads=2, head_dim=128))]
 
 
-@checker("KV-cache bytes per token")
-def check_kv_bytes_per_token(kv_bytes_per_token) -> str:
-    """kv_bytes_per_token(config, dtype) -> int: the bytes one token's K and V take in every layer."""
-    from rosellm_edu.engine.kv_cache import kv_cache_shape
+@functools.cache
+def tiny_model_dir() -> str:
+    """A tiny random Llama with the book model's tokenizer, saved once per process, for an engine to load: what a
+    checker counts on an engine (positions, steps, rows) does not depend on the weights, and a tiny model runs a
+    step in milliseconds."""
+    import shutil
+    import tempfile
+    from pathlib import Path
 
-    for name, config in configs():
-        for dtype in (torch.float32, torch.bfloat16):
-            layers, kv_heads, head_dim = kv_cache_shape(config)
-            expected = 2 * layers * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
-            expect_equal(kv_bytes_per_token(config, dtype), expected, f"{name} in {dtype}")
-    return "right for every config and dtype (2 x layers x KV heads x head_dim x bytes per element)"
+    from transformers import LlamaForCausalLM
+
+    from rosellm_edu.model_loader import resolve_model
+
+    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    path = tempfile.mkdtemp(prefix="rosellm-tiny-")
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        LlamaForCausalLM(config).save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(resolve_model()) / name, path)
+    return path
+
+
+def positions_computed(llm, params, prompt_len: int, new_tokens: int) -> int:
+    """The token positions llm's model computes, over every forward pass, to generate new_tokens after a prompt."""
+    rows = []
+    hook = llm.llm_engine.model.register_forward_pre_hook(lambda module, args: rows.append(args[0].shape[0]))
+    try:
+        llm.generate([{"prompt_token_ids": list(range(100, 100 + prompt_len))}],
+                     params(temperature=0, max_tokens=new_tokens, ignore_eos=True), use_tqdm=False)
+    finally:
+        hook.remove()
+    return sum(rows)
+
+
+@functools.cache
+def snapshot_llms() -> dict:
+    """Chapter 01's LLM (no cache) and chapter 02's (a KV cache), each on the tiny model, with its SamplingParams."""
+    from rosellm_edu.book.chapter import package_as_of
+
+    engines = {}
+    for role, notebook in [("uncached", "02_kv_cache.ipynb"), ("cached", "03_continuous_batching.ipynb")]:
+        with package_as_of(notebook) as load:                    # the package as chapter 01, then 02, left it
+            engines[role] = load("llm").LLM(tiny_model_dir(), dtype="float32"), load("sampling_params").SamplingParams
+    return engines
+
+
+@checker("Predict the work a cache saves", predicts=True)
+def check_recompute_ratio(predict_ratio) -> str:
+    """predict_ratio(prompt_len, new_tokens) -> how many times more token positions the model computes without a
+    cache (chapter 01's engine) than with one (chapter 02's), measured on both engines."""
+    cases = [(16, 8), (4, 16)]
+    predicted = [predict_ratio(prompt_len, new_tokens) for prompt_len, new_tokens in cases]
+    engines = snapshot_llms()
+    said = []
+    for (prompt_len, new_tokens), guess in zip(cases, predicted):
+        measured = (positions_computed(*engines["uncached"], prompt_len, new_tokens)
+                    / positions_computed(*engines["cached"], prompt_len, new_tokens))
+        said.append(compare_prediction(guess, measured, f"a {prompt_len}-token prompt, {new_tokens} new tokens",
+                                       within=(0.9, 1.1), unit="x"))
+    return "; ".join(said)
 
 
 @checker("One decode step against cached K/V")

@@ -1,32 +1,50 @@
-"""Chapter 03's exercises: the waste of a static batch, one scheduling decision, and when each request of a
-continuous batch gets its first token."""
+"""Chapter 03's exercises: a prediction of the steps the engine takes for a few requests, measured by stepping it;
+one scheduling decision; and when each request of a continuous batch gets its first token."""
 
 from __future__ import annotations
 
-from rosellm_edu.exercises import checker, expect_equal
+import functools
+
+from rosellm_edu.exercises import checker, compare_prediction, expect_equal
 
 
-def static_waste_reference(prompt_lens: list[int], output_lens: list[int], batch_size: int) -> tuple[int, int]:
-    """Pad positions and idle decode slots of static batches of batch_size requests, in arrival order."""
-    pad = idle = 0
-    for i in range(0, len(prompt_lens), batch_size):
-        p, o = prompt_lens[i:i + batch_size], output_lens[i:i + batch_size]
-        pad += max(p) * len(p) - sum(p)
-        idle += max(o) * len(o) - sum(o)
-    return pad, idle
+@functools.cache
+def tiny_engine(max_num_seqs: int):
+    """The engine on chapter 02's tiny random model: how many steps a workload takes does not depend on weights."""
+    from rosellm_edu.engine.llm_engine import LLMEngine
+    from rosellm_edu.exercises.ch02 import tiny_model_dir
+
+    engine = LLMEngine(tiny_model_dir(), dtype="float32", max_num_seqs=max_num_seqs, num_kv_blocks=64)
+    engine.model.model.fusion = "torch"   # where a later chapter calibrates kernels: no timing, only counting
+    return engine
 
 
-@checker("static batching waste")
-def check_static_waste(fn) -> str:
-    cases = [([4, 2, 3], [1, 3, 2], 2), ([5, 5, 5, 5], [7, 7, 7, 7], 2), ([3, 9, 1], [2, 8, 4], 1),
-             ([3, 9, 1], [2, 8, 4], 8), ([10, 1, 1, 1, 6], [1, 10, 10, 10, 2], 3), ([7], [5], 4)]
-    for prompt_lens, output_lens, batch_size in cases:
-        got = fn(list(prompt_lens), list(output_lens), batch_size)
-        expected = static_waste_reference(prompt_lens, output_lens, batch_size)
-        expect_equal(tuple(got) if isinstance(got, list) else got, expected,
-                     f"(pad positions, idle decode slots) for prompts {prompt_lens}, outputs {output_lens}, "
-                     f"batch size {batch_size}")
-    return f"all {len(cases)} cases match, a last batch smaller than the others and batch size 1 included"
+def engine_steps(prompt_lens: list[int], output_lens: list[int], max_num_seqs: int) -> int:
+    """Add every request at once, then step the engine until all are done; the number of steps."""
+    from rosellm_edu.sampling_params import SamplingParams
+
+    engine, steps = tiny_engine(max_num_seqs), 0
+    for i, (prompt_len, output_len) in enumerate(zip(prompt_lens, output_lens)):
+        prompt = list(range(100 + 50 * i, 100 + 50 * i + prompt_len))         # no two prompts share a prefix
+        engine.add_request(f"r{i}", {"prompt_token_ids": prompt},
+                           SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+        steps += 1
+    return steps
+
+
+@checker("Predict the engine's steps", predicts=True)
+def check_engine_steps(predict_steps) -> str:
+    """predict_steps(prompt_lens, output_lens, max_num_seqs) -> the steps the engine takes for these requests."""
+    cases = [([6, 3, 4, 5], [5, 2, 7, 3], 1), ([6, 3, 4, 5], [5, 2, 7, 3], 2), ([12, 2, 9, 4, 7], [1, 4, 2, 6, 3], 2)]
+    predicted = [predict_steps(list(p), list(o), m) for p, o, m in cases]
+    said = []
+    for (prompt_lens, output_lens, max_num_seqs), guess in zip(cases, predicted):
+        said.append(compare_prediction(guess, engine_steps(prompt_lens, output_lens, max_num_seqs),
+                                       f"outputs {output_lens}, max_num_seqs={max_num_seqs}", within=(0.95, 1.05),
+                                       unit=" steps"))
+    return "; ".join(said)
 
 
 def scheduler_with(running: list[tuple[str, int]], waiting: list[tuple[str, int]], max_num_seqs: int,

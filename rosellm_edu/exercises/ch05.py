@@ -1,27 +1,51 @@
-"""Chapter 05's exercises: the bucket a decode batch is padded to, the static inputs of one decode step, and
-kernels told apart from views in a list of ATen operations."""
+"""Chapter 05's exercises: a prediction of the padded rows a run's decode batches cost in their buckets, measured
+on the engine's runner; the static inputs of one decode step; and kernels told apart from views in a list of ATen
+operations."""
 
 from __future__ import annotations
 
 import torch
 
-from rosellm_edu.exercises import Mismatch, checker, expect_equal
+from rosellm_edu.exercises import Mismatch, checker, compare_prediction, expect_equal
 
 
-@checker("padded_size")
-def check_padded_size(fn) -> str:
-    """fn(num_seqs, max_num_seqs) -> the bucket ModelRunner pads a decode batch of num_seqs to."""
-    from rosellm_edu.engine.model_runner import batch_size_buckets
+def decode_batch_sizes(output_lens: list[int], max_num_seqs: int) -> tuple[list[int], object]:
+    """Serve requests that arrive together on the engine (chapter 02's tiny model) and record the size of every
+    decode batch its runner gets; returns them and the runner."""
+    from rosellm_edu.engine.llm_engine import LLMEngine
+    from rosellm_edu.exercises.ch02 import tiny_model_dir
+    from rosellm_edu.sampling_params import SamplingParams
 
-    cases = 0
-    for max_num_seqs in (1, 3, 4, 8, 9, 20, 64):
-        buckets = batch_size_buckets(max_num_seqs)
-        for num_seqs in range(1, max_num_seqs + 1):
-            expected = min(b for b in buckets if b >= num_seqs)
-            expect_equal(fn(num_seqs, max_num_seqs), expected,
-                         f"padded_size({num_seqs}, {max_num_seqs}), buckets {buckets}")
-            cases += 1
-    return f"all {cases} batch sizes, for seven values of max_num_seqs, land in their bucket"
+    engine = LLMEngine(tiny_model_dir(), dtype="float32", max_num_seqs=max_num_seqs, num_kv_blocks=64)
+    engine.model.model.fusion = "torch"   # where a later chapter calibrates kernels: no timing, only counting
+    runner, sizes, run = engine.runner, [], engine.runner.run
+
+    def recording_run(batch, *args, **kwargs):
+        if runner.is_decode(batch):
+            sizes.append(len(batch))
+        return run(batch, *args, **kwargs)
+
+    runner.run = recording_run
+    for i, n in enumerate(output_lens):
+        engine.add_request(f"r{i}", {"prompt_token_ids": [100 + i, 7, 8]},
+                           SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    return sizes, runner
+
+
+@checker("Predict the padded rows", predicts=True)
+def check_padded_rows(predict_padded_rows) -> str:
+    """predict_padded_rows(output_lens, max_num_seqs) -> the padded rows the graphs replay over a whole run."""
+    cases = [(list(range(1, 21)), 32), ([4] * 5, 8)]
+    predicted = [predict_padded_rows(list(lens), m) for lens, m in cases]
+    said = []
+    for (output_lens, max_num_seqs), guess in zip(cases, predicted):
+        sizes, runner = decode_batch_sizes(output_lens, max_num_seqs)
+        padded = sum(runner.padded_size(n) - n for n in sizes)     # each decode batch, padded to its bucket
+        said.append(compare_prediction(guess, padded, f"{len(output_lens)} requests, max_num_seqs={max_num_seqs}",
+                                       within=(0.9, 1.1), unit=" rows"))
+    return "; ".join(said)
 
 
 class _Model:

@@ -5,10 +5,15 @@ import math
 import torch
 
 
-def rms_norm(x, weight, eps):
-    x32 = x.float()                                                        # (tokens, hidden), in float32
-    rms = torch.sqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)          # (tokens, 1)
-    return weight * (x32 / rms).to(x.dtype)
+def predict_parameters(config):
+    hidden, layers, d = config.hidden_size, config.num_hidden_layers, config.hidden_size // config.num_attention_heads
+    attention = hidden * (config.num_attention_heads + 2 * config.num_key_value_heads) * d  # qkv_proj: K, V per KV head
+    attention += config.num_attention_heads * d * hidden                                   # o_proj
+    mlp = 3 * hidden * config.intermediate_size                                            # gate, up, down
+    norms = 2 * hidden                                                                     # two RMSNorms per layer
+    embedding = config.vocab_size * hidden
+    lm_head = 0 if config.tie_word_embeddings else config.vocab_size * hidden              # tied: the same weights
+    return layers * (attention + mlp + norms) + embedding + hidden + lm_head               # + the final RMSNorm
 
 
 def rope(x, positions, theta):
@@ -32,4 +37,4 @@ def causal_gqa(q, k, v):
     return torch.einsum("hnm,mhd->nhd", scores.softmax(dim=-1), v)
 
 
-SOLUTIONS = {"check_rms_norm": rms_norm, "check_rope": rope, "check_causal_gqa": causal_gqa}
+SOLUTIONS = {"check_parameter_count": predict_parameters, "check_rope": rope, "check_causal_gqa": causal_gqa}

@@ -9,9 +9,10 @@ def head_dim_of(config):
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
-def kv_bytes_per_token(config, dtype):
-    per_element = torch.empty(0, dtype=dtype).element_size()               # 4 for float32, 2 for bfloat16
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim_of(config) * per_element
+def predict_ratio(prompt_len, new_tokens):
+    uncached = sum(prompt_len + i for i in range(new_tokens))   # token i recomputes the prompt and i earlier tokens
+    cached = prompt_len + new_tokens - 1                          # the prompt once, then the newest token per step
+    return uncached / cached                                      # (the last token is sampled, never fed back)
 
 
 def decode_step(q, k, v, k_cache, v_cache, length):
@@ -34,5 +35,5 @@ def decode_flops(config, context_len):
     return 2 * (config.num_hidden_layers * (per_layer + attention) + lm_head)
 
 
-SOLUTIONS = {"check_kv_bytes_per_token": kv_bytes_per_token, "check_decode_step": decode_step,
+SOLUTIONS = {"check_recompute_ratio": predict_ratio, "check_decode_step": decode_step,
              "check_decode_flops": decode_flops}

@@ -1,14 +1,12 @@
 """Worked solutions to chapter 03's exercises."""
 
 
-def static_waste(prompt_lens, output_lens, batch_size):
-    pad_positions = idle_slots = 0
-    for start in range(0, len(prompt_lens), batch_size):
-        prompts = prompt_lens[start:start + batch_size]
-        outputs = output_lens[start:start + batch_size]
-        pad_positions += sum(max(prompts) - p for p in prompts)     # every prompt stretched to the longest
-        idle_slots += sum(max(outputs) - o for o in outputs)        # every row kept until the longest is done
-    return pad_positions, idle_slots
+def predict_steps(prompt_lens, output_lens, max_num_seqs):
+    free_at = [0] * max_num_seqs            # the step from which each seat is free
+    for n in output_lens:                   # arrival order: each request takes the seat that frees first
+        seat = free_at.index(min(free_at))  # its first step prefills the prompt and samples the first token,
+        free_at[seat] += n                  # then one token per step: n steps in all
+    return max(free_at)
 
 
 def schedule_step(running, waiting, max_num_seqs, max_num_batched_tokens):
@@ -57,5 +55,5 @@ def first_token_steps(prompt_lens, output_lens, max_num_seqs, max_num_batched_to
     return first
 
 
-SOLUTIONS = {"check_static_waste": static_waste, "check_schedule_step": schedule_step,
+SOLUTIONS = {"check_engine_steps": predict_steps, "check_schedule_step": schedule_step,
              "check_first_token_steps": first_token_steps}
