@@ -13,7 +13,11 @@ on the engine, and accepts the prediction when it lands in an honest range of th
 
 from __future__ import annotations
 
+import atexit
 import functools
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -97,3 +101,25 @@ def compare_prediction(predicted, measured: float, what: str, within: tuple[floa
         raise Mismatch(f"{what}: {said}, {ratio:.2f}x of it; an estimate that models what the engine does "
                        f"lands within {low:g}x to {high:g}x")
     return f"{what}: {said} ({ratio:.2f}x of it, within {low:g}x to {high:g}x)"
+
+
+@functools.cache
+def tiny_model_dir() -> str:
+    """A tiny random Llama with the book model's tokenizer, saved once per process (and removed at its exit) for
+    an engine to load: what a checker counts on an engine (positions, steps, rows) does not depend on the weights,
+    and a tiny model runs a step in milliseconds."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rosellm_edu.model_loader import resolve_model
+
+    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    path = tempfile.mkdtemp(prefix="rosellm-tiny-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        LlamaForCausalLM(config).save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(resolve_model()) / name, path)
+    return path

@@ -8,7 +8,8 @@ import functools
 import torch
 from transformers import LlamaConfig
 
-from rosellm_edu.exercises import Mismatch, checker, compare_prediction, expect_close, expect_equal
+from rosellm_edu.exercises import (Mismatch, checker, compare_prediction, expect_close, expect_equal,
+                                  tiny_model_dir)
 
 
 def configs() -> list[tuple[str, LlamaConfig]]:
@@ -22,31 +23,6 @@ def configs() -> list[tuple[str, LlamaConfig]]:
             ("a config with head_dim 128 != hidden / heads", LlamaConfig(
                 vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=128))]
-
-
-@functools.cache
-def tiny_model_dir() -> str:
-    """A tiny random Llama with the book model's tokenizer, saved once per process, for an engine to load: what a
-    checker counts on an engine (positions, steps, rows) does not depend on the weights, and a tiny model runs a
-    step in milliseconds."""
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    from transformers import LlamaForCausalLM
-
-    from rosellm_edu.model_loader import resolve_model
-
-    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
-    path = tempfile.mkdtemp(prefix="rosellm-tiny-")
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        LlamaForCausalLM(config).save_pretrained(path)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(Path(resolve_model()) / name, path)
-    return path
 
 
 def positions_computed(llm, params, prompt_len: int, new_tokens: int) -> int:

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import functools
 
-from rosellm_edu.exercises import checker, compare_prediction, expect_equal
+from rosellm_edu.exercises import checker, compare_prediction, expect_equal, tiny_model_dir
 
 
 @functools.cache
 def tiny_engine(max_num_seqs: int):
     """The engine on chapter 02's tiny random model: how many steps a workload takes does not depend on weights."""
     from rosellm_edu.engine.llm_engine import LLMEngine
-    from rosellm_edu.exercises.ch02 import tiny_model_dir
 
     engine = LLMEngine(tiny_model_dir(), dtype="float32", max_num_seqs=max_num_seqs, num_kv_blocks=64)
     engine.model.model.fusion = "torch"   # where a later chapter calibrates kernels: no timing, only counting

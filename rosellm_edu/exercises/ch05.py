@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import torch
 
-from rosellm_edu.exercises import Mismatch, checker, compare_prediction, expect_equal
+from rosellm_edu.exercises import Mismatch, checker, compare_prediction, expect_equal, tiny_model_dir
 
 
 def decode_batch_sizes(output_lens: list[int], max_num_seqs: int) -> tuple[list[int], object]:
     """Serve requests that arrive together on the engine (chapter 02's tiny model) and record the size of every
     decode batch its runner gets; returns them and the runner."""
     from rosellm_edu.engine.llm_engine import LLMEngine
-    from rosellm_edu.exercises.ch02 import tiny_model_dir
     from rosellm_edu.sampling_params import SamplingParams
 
     engine = LLMEngine(tiny_model_dir(), dtype="float32", max_num_seqs=max_num_seqs, num_kv_blocks=64)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import json
 
-from rosellm_edu.exercises import Mismatch, checker, compare_prediction, expect_equal
+from rosellm_edu.exercises import Mismatch, checker, compare_prediction, expect_equal, tiny_model_dir
 
 
 @functools.cache
@@ -81,25 +81,9 @@ STEP_CASES = [([16, 4, 4, 4, 4], [None] * 5),   # the chapter's workload, scaled
 def _step_engine():
     """An engine on a tiny random Llama with the book model's tokenizer: the steps do not depend on the weights,
     and a tiny model takes them in milliseconds."""
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from rosellm_edu.engine.llm_engine import LLMEngine
-    from rosellm_edu.model_loader import resolve_model
 
-    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
-    with tempfile.TemporaryDirectory() as path, torch.random.fork_rng():
-        torch.manual_seed(0)
-        LlamaForCausalLM(config).save_pretrained(path)
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(Path(resolve_model()) / name, path)
-        engine = LLMEngine(path, dtype="float32", num_kv_blocks=64, max_num_seqs=MAX_NUM_SEQS)
+    engine = LLMEngine(tiny_model_dir(), dtype="float32", num_kv_blocks=64, max_num_seqs=MAX_NUM_SEQS)
     engine.model.model.fusion = "torch"   # no kernel calibration at the first step: speed is not what is counted
     return engine
 
