@@ -213,8 +213,7 @@ def test_show_changes_diffs_a_definition_before_and_after_a_cell(tmp_path):
                                 "b.ipynb": ["#| export toy\n" + ADD + "@add_to_class(Toy)\ndef f(self):\n"
                                             "    return 'new f'", "#| export toy\ndef other():\n    pass"]})
     diff = changes.changes("b.ipynb", "Toy.f", root=root).splitlines()
-    assert diff[:2] == ["--- Toy.f, as notebooks/a.ipynb, cell 2 left it",
-                        "+++ Toy.f, as notebooks/b.ipynb, cell 2 makes it"]
+    assert diff[:2] == ["--- Toy.f, as a.ipynb left it", "+++ Toy.f, as b.ipynb makes it"]
     assert [line for line in diff[3:] if line[0] in "+-"] == ['-    return "old f"', "+    return 'new f'"]
     with pytest.raises(ValueError, match="first defined in notebooks/b.ipynb, cell 3"):
         changes.changes("b.ipynb", "other", root=root)

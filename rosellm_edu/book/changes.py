@@ -16,7 +16,7 @@ from pathlib import Path
 from rosellm_edu.book.export import ROOT, exported_cells, load_book
 from rosellm_edu.book.fold import Cell, fold
 
-ORIGIN = re.compile(r"^\s*# (notebooks/.*, cell \d+)$")
+ORIGIN = re.compile(r"^\s*# notebooks/(.*), cell \d+$")
 
 
 def show_changes(notebook: str, name: str, nth: int = -1, root: Path = ROOT) -> None:
@@ -35,9 +35,9 @@ def changes(notebook: str, name: str, nth: int = -1, root: Path = ROOT) -> str:
     if before is None:
         raise ValueError(f"{name} is first defined in {cells[at].origin}: there is nothing to compare it with")
     _, after = definition(fold([c for c in cells[:at + 1] if c.module == module])[module], name)
-    diff = difflib.unified_diff(before, after, f"{name}, as {before_origin} left it",
-                                f"{name}, as {cells[at].origin} makes it", n=2, lineterm="")
-    return "\n".join(diff) or f"{name}: {cells[at].origin} leaves it as it was"
+    diff = difflib.unified_diff(before, after, f"{name}, as {before_origin} left it",   # no cell numbers: they
+                                f"{name}, as {notebook} makes it", n=2, lineterm="")   # move as chapters grow
+    return "\n".join(diff) or f"{name}: {notebook} leaves it as it was"
 
 
 def defines(body: str, name: str) -> bool:
@@ -58,7 +58,7 @@ def defines(body: str, name: str) -> bool:
 
 
 def definition(source: str, name: str) -> tuple[str, list[str] | None]:
-    """(the cell it came from, its lines without the folder's origin comments) for `name` in a folded module,
+    """(the notebook it came from, its lines without the folder's origin comments) for `name` in a folded module,
     or ("", None) when the module has no such definition yet."""
     lines = source.splitlines()
     nodes = ast.parse(source).body
