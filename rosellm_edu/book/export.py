@@ -69,13 +69,10 @@ def exported_cells(notebook: str, root: Path = ROOT) -> list[Cell]:
 
 
 def for_the_library(body: str, notebook: str) -> str:
-    """A cell's text as the package keeps it: a chapter's "NEW" marks go (new to the reader, not to the package) and
-    "this chapter" names the chapter."""
+    """A cell's text as the package keeps it: "this chapter" names the chapter (fold drops the "NEW" marks)."""
     number = notebook.split("_")[0]
-    body = re.sub(r"\b(t|T)his (chapter|appendix)\b", lambda m: f"{'cC'[m[1] == 'T']}hapter {number}"
+    return re.sub(r"\b(t|T)his (chapter|appendix)\b", lambda m: f"{'cC'[m[1] == 'T']}hapter {number}"
                   if m[2] == "chapter" else f"{'aA'[m[1] == 'T']}ppendix {number}", body)
-    body = re.sub(r"(?<=\. )NEW: ([a-z])", lambda m: m[1].upper(), body)          # a sentence goes on capitalised
-    return re.sub(r" ?\(NEW\)|\bNEW: ?", "", body)
 
 
 def fold_chapters(chapters: list[Chapter], root: Path = ROOT) -> dict[str, str]:

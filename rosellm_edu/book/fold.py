@@ -297,8 +297,9 @@ def wrapped(line: str, width: int = 120) -> str:
 
 
 def without_new_markers(text: str) -> str:
-    """The text without the `# NEW` comments that tell a chapter's reader what changed: the package has no before.
-    `# NEW: why` keeps its why; a line that was only the marker goes."""
+    """The text without the `# NEW` comments and the "NEW:" / "(NEW)" marks in docstrings that tell a chapter's
+    reader what changed: the package has no before. `# NEW: why` keeps its why; a line that was only the marker
+    goes; a sentence that began with "NEW: " goes on capitalised."""
     original = text.split("\n")
     lines = list(original)
     for token in tokenize.generate_tokens(io.StringIO(text).readline):
@@ -306,4 +307,6 @@ def without_new_markers(text: str) -> str:
             row, col = token.start
             why = token.string[new.end():]
             lines[row - 1] = (lines[row - 1][:col] + (f"# {why}" if why else "")).rstrip()
-    return "\n".join(line for line, was in zip(lines, original) if line or not was.lstrip().startswith("#"))
+    text = "\n".join(line for line, was in zip(lines, original) if line or not was.lstrip().startswith("#"))
+    text = re.sub(r"(?<=\. )NEW: ([a-z])", lambda m: m[1].upper(), text)
+    return re.sub(r" ?\(NEW\)|\bNEW: ?", "", text)
