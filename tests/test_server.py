@@ -11,7 +11,8 @@ import pytest
 from rosellm_edu import LLM, SamplingParams
 from rosellm_edu.engine.llm_engine import LLMEngine
 from rosellm_edu.engine.async_llm_engine import AsyncLLMEngine
-from rosellm_edu.entrypoints.openai.api_server import ServerThread, build_app
+from rosellm_edu.entrypoints.openai.api_server import build_app
+from rosellm_edu.entrypoints.openai.server_thread import ServerThread
 
 MODEL = "smollm2-test"
 ENGINE_KWARGS = dict(dtype="float32", num_kv_blocks=512, block_size=16, max_num_seqs=64)

@@ -7,7 +7,7 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
 from rosellm_edu.benchmarks.client import TokenCounter, time_requests
-from rosellm_edu.entrypoints.openai.api_server import ServerThread
+from rosellm_edu.entrypoints.openai.server_thread import ServerThread
 from rosellm_edu.model_loader import load_tokenizer, resolve_model
 
 # What a llama.cpp-like server sends for one request: several tokens in one chunk (held back, then sent together),

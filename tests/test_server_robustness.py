@@ -11,7 +11,9 @@ import pytest
 from rosellm_edu import SamplingParams
 from rosellm_edu.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError, RequestFailedError
 from rosellm_edu.engine.llm_engine import LLMEngine
-from rosellm_edu.entrypoints.openai.api_server import ServerThread, build_app
+from rosellm_edu.entrypoints.openai.api_server import build_app
+from rosellm_edu.entrypoints.openai.limits import ServerLimits
+from rosellm_edu.entrypoints.openai.server_thread import ServerThread
 
 MODEL = "smollm2-test"
 ENGINE_KWARGS = dict(dtype="float32", num_kv_blocks=256, block_size=16)
@@ -156,7 +158,7 @@ def test_a_loop_that_breaks_outside_a_step_fails_every_open_stream(llm_engine):
 @pytest.fixture(scope="module")
 def small_body_server(llm_engine):
     engine = AsyncLLMEngine(llm_engine)
-    thread = ServerThread(build_app(engine, MODEL, max_body_bytes=2000))
+    thread = ServerThread(build_app(engine, MODEL, limits=ServerLimits(max_body_bytes=2000)))
     url = thread.start()
     yield url, engine
     thread.stop()

@@ -56,14 +56,15 @@ def serve(argv: list[str]) -> None:
 
     from rosellm_edu.engine.async_llm_engine import AsyncLLMEngine
     from rosellm_edu.entrypoints.openai.api_server import build_app
+    from rosellm_edu.entrypoints.openai.limits import ServerLimits
     from rosellm_edu.model_loader import EMBEDDED_NAME
 
     engine = AsyncLLMEngine(build_engine(args))
     name = args.served_model_name or args.model or EMBEDDED_NAME
     print(f"serving {name!r} at http://{args.host}:{args.port}/v1", flush=True)
     try:
-        uvicorn.run(build_app(engine, name, max_body_bytes=args.max_request_body_bytes), host=args.host,
-                    port=args.port)
+        limits = ServerLimits(max_body_bytes=args.max_request_body_bytes)
+        uvicorn.run(build_app(engine, name, limits=limits), host=args.host, port=args.port)
     finally:
         engine.shutdown()
 

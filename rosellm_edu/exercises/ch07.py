@@ -17,7 +17,7 @@ def _tokenizer():
 
 def _streams() -> list[tuple[str, list[dict]]]:
     """(the body of a stream, its payloads): made by the server's own `sse`, plus hand-written edge cases."""
-    from rosellm_edu.entrypoints.openai.api_server import sse
+    from rosellm_edu.entrypoints.openai.serving_engine import sse
     from rosellm_edu.entrypoints.openai.protocol import CompletionChoice, CompletionResponse, UsageInfo
 
     def chunk(text=None, finish=None, usage=None):

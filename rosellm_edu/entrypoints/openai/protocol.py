@@ -11,20 +11,20 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serial
 from rosellm_edu.sampling_params import SamplingParams
 
 
-# notebooks/07_serving.ipynb, cell 36
+# notebooks/07_serving.ipynb, cell 39
 class OpenAIBaseModel(BaseModel):
     # Fields we do not know are kept (and checked by unimplemented_fields), not refused by pydantic: clients
     # send fields a server does not implement, at their no-op values, all the time.
     model_config = ConfigDict(extra="allow")
 
 
-# notebooks/07_serving.ipynb, cell 36
+# notebooks/07_serving.ipynb, cell 39
 class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
     continuous_usage_stats: bool = False   # usage in every chunk (vLLM's extra; benchmark clients count with it)
 
 
-# notebooks/07_serving.ipynb, cell 38
+# notebooks/07_serving.ipynb, cell 41
 class SamplingRequest(OpenAIBaseModel):
     """The fields completions and chat share, and how they map onto SamplingParams."""
     model: str
@@ -62,7 +62,7 @@ class SamplingRequest(OpenAIBaseModel):
                               logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                               **{k: v for k, v in given.items() if v is not None}, **extra)
 
-    # notebooks/07_serving.ipynb, cell 39
+    # notebooks/07_serving.ipynb, cell 42
     def token_bias(self) -> dict[int, float] | None:
         if self.logit_bias is None:
             return None
@@ -72,7 +72,7 @@ class SamplingRequest(OpenAIBaseModel):
             raise ValueError("SamplingParams.logit_bias keys must be token ids (integers as strings)") from None
 
 
-# notebooks/07_serving.ipynb, cell 39
+# notebooks/07_serving.ipynb, cell 42
 # Fields of OpenAI's or vLLM's API this server does not implement, and the values at which they change nothing.
 NO_OP_VALUES: dict[str, list] = {
     "best_of": [None, 1], "suffix": [None, ""], "use_beam_search": [None, False], "length_penalty": [None, 1.0],
@@ -83,7 +83,7 @@ NO_OP_VALUES: dict[str, list] = {
 }
 
 
-# notebooks/07_serving.ipynb, cell 39
+# notebooks/07_serving.ipynb, cell 42
 def unimplemented_fields(body: OpenAIBaseModel) -> tuple[list[str], list[str]]:
     """(fields at a no-op value: accept and log, fields that would change the answer: refuse). A field we do
     not know at all counts as no-op when it is empty (null, false, "", [], {})."""
@@ -94,7 +94,7 @@ def unimplemented_fields(body: OpenAIBaseModel) -> tuple[list[str], list[str]]:
     return ignored, refused
 
 
-# notebooks/07_serving.ipynb, cell 41
+# notebooks/07_serving.ipynb, cell 44
 class CompletionRequest(SamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]] = Field(min_length=1)
     max_tokens: int | None = 16   # None: up to the context
@@ -107,7 +107,7 @@ class CompletionRequest(SamplingRequest):
         return [self.prompt] if one else list(self.prompt)
 
 
-# notebooks/07_serving.ipynb, cell 41
+# notebooks/07_serving.ipynb, cell 44
 class ChatMessage(OpenAIBaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict] | None = None   # a string, or a list of {"type": "text", "text": ...} parts
@@ -132,7 +132,7 @@ class ChatMessage(OpenAIBaseModel):
                 "content": self.content or ""}
 
 
-# notebooks/07_serving.ipynb, cell 42
+# notebooks/07_serving.ipynb, cell 45
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
@@ -144,7 +144,7 @@ class ChatCompletionRequest(SamplingRequest):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-# notebooks/07_serving.ipynb, cell 45
+# notebooks/07_serving.ipynb, cell 48
 class OpenAIResponse(BaseModel):
     """The optional keys are sent only when the server set them: a client that did not ask for an extra
     (the sampling mask, usage in a stream) gets exactly OpenAI's shape."""
@@ -155,14 +155,14 @@ class OpenAIResponse(BaseModel):
         return {k: v for k, v in handler(self).items() if k not in self.optional_keys or k in self.model_fields_set}
 
 
-# notebooks/07_serving.ipynb, cell 45
+# notebooks/07_serving.ipynb, cell 48
 class UsageInfo(OpenAIResponse):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
 
 
-# notebooks/07_serving.ipynb, cell 45
+# notebooks/07_serving.ipynb, cell 48
 class CompletionLogprobs(BaseModel):
     """OpenAI's legacy completions shape: parallel lists, one entry per token (prompt tokens first with echo,
     the very first of which has no logprob)."""
@@ -172,24 +172,24 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = []
 
 
-# notebooks/07_serving.ipynb, cell 45
+# notebooks/07_serving.ipynb, cell 48
 class TopLogprob(BaseModel):
     token: str
     logprob: float
     bytes: list[int] | None = None
 
 
-# notebooks/07_serving.ipynb, cell 45
+# notebooks/07_serving.ipynb, cell 48
 class ChatLogprob(TopLogprob):
     top_logprobs: list[TopLogprob] = []
 
 
-# notebooks/07_serving.ipynb, cell 45
+# notebooks/07_serving.ipynb, cell 48
 class ChatLogprobs(BaseModel):
     content: list[ChatLogprob] | None = None
 
 
-# notebooks/07_serving.ipynb, cell 47
+# notebooks/07_serving.ipynb, cell 50
 class MaskedChoice(OpenAIResponse):
     """A choice with the keep-sampling mask, when asked for: per token, the sorted vocabulary ids the token
     was drawn from (None if nothing was truncated), and logZ, the log of the probability mass they hold."""
@@ -199,13 +199,13 @@ class MaskedChoice(OpenAIResponse):
     sampling_logz: list[float] | None = None
 
 
-# notebooks/07_serving.ipynb, cell 47
+# notebooks/07_serving.ipynb, cell 50
 class CompletionChoice(MaskedChoice):
     text: str
     logprobs: CompletionLogprobs | None = None
 
 
-# notebooks/07_serving.ipynb, cell 47
+# notebooks/07_serving.ipynb, cell 50
 class OpenAIObject(OpenAIResponse):
     """What every response and every chunk starts with."""
     id: str
@@ -213,53 +213,53 @@ class OpenAIObject(OpenAIResponse):
     model: str
 
 
-# notebooks/07_serving.ipynb, cell 47
+# notebooks/07_serving.ipynb, cell 50
 class CompletionResponse(OpenAIObject):   # a whole completion, and each chunk of a streamed one
     object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
 
 
-# notebooks/07_serving.ipynb, cell 47
+# notebooks/07_serving.ipynb, cell 50
 class ChatMessageOut(OpenAIResponse):
     role: Literal["assistant"] = "assistant"
     content: str
 
 
-# notebooks/07_serving.ipynb, cell 47
+# notebooks/07_serving.ipynb, cell 50
 class DeltaMessage(OpenAIResponse):
     optional_keys: ClassVar[frozenset[str]] = frozenset({"role", "content"})
     role: Literal["assistant"] | None = None
     content: str | None = None
 
 
-# notebooks/07_serving.ipynb, cell 48
+# notebooks/07_serving.ipynb, cell 51
 class ChatChoice(MaskedChoice):
     message: ChatMessageOut
     logprobs: ChatLogprobs | None = None
 
 
-# notebooks/07_serving.ipynb, cell 48
+# notebooks/07_serving.ipynb, cell 51
 class ChatChunkChoice(MaskedChoice):
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
 
 
-# notebooks/07_serving.ipynb, cell 48
+# notebooks/07_serving.ipynb, cell 51
 class ChatCompletionResponse(OpenAIObject):
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: UsageInfo
 
 
-# notebooks/07_serving.ipynb, cell 48
+# notebooks/07_serving.ipynb, cell 51
 class ChatCompletionChunk(OpenAIObject):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     choices: list[ChatChunkChoice]
     usage: UsageInfo | None = None
 
 
-# notebooks/07_serving.ipynb, cell 48
+# notebooks/07_serving.ipynb, cell 51
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -269,18 +269,18 @@ class ModelCard(BaseModel):
     max_model_len: int | None = None   # vLLM's extra: the context length, prompt + completion
 
 
-# notebooks/07_serving.ipynb, cell 48
+# notebooks/07_serving.ipynb, cell 51
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
 
 
-# notebooks/07_serving.ipynb, cell 49
+# notebooks/07_serving.ipynb, cell 52
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-# notebooks/07_serving.ipynb, cell 49
+# notebooks/07_serving.ipynb, cell 52
 class ErrorInfo(BaseModel):
     message: str
     type: str
@@ -288,12 +288,12 @@ class ErrorInfo(BaseModel):
     code: str | None = None
 
 
-# notebooks/07_serving.ipynb, cell 49
+# notebooks/07_serving.ipynb, cell 52
 class ErrorResponse(BaseModel):
     error: ErrorInfo
 
 
-# notebooks/07a_server_hardening.ipynb, cell 13
+# notebooks/07a_server_hardening.ipynb, cell 14
 class TokenizeRequest(OpenAIBaseModel):
     """vLLM's /tokenize: a prompt, or chat messages through the chat template."""
     model: str | None = None
@@ -304,13 +304,13 @@ class TokenizeRequest(OpenAIBaseModel):
     return_token_strs: bool = False
 
 
-# notebooks/07a_server_hardening.ipynb, cell 13
+# notebooks/07a_server_hardening.ipynb, cell 14
 class DetokenizeRequest(OpenAIBaseModel):
     model: str | None = None
     tokens: list[int]
 
 
-# notebooks/07a_server_hardening.ipynb, cell 13
+# notebooks/07a_server_hardening.ipynb, cell 14
 class TokenizeResponse(BaseModel):
     count: int
     max_model_len: int
@@ -318,6 +318,6 @@ class TokenizeResponse(BaseModel):
     token_strs: list[str] | None = None
 
 
-# notebooks/07a_server_hardening.ipynb, cell 13
+# notebooks/07a_server_hardening.ipynb, cell 14
 class DetokenizeResponse(BaseModel):
     prompt: str
