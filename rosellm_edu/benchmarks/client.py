@@ -68,10 +68,13 @@ class TokenCounter:
 
 
 async def timed_request(client: openai.AsyncOpenAI, model: str, prompt: list[int], max_tokens: int,
-                        arrival: float, start: float, sampling: dict, tokenizer=None) -> tuple[RequestTimes, int | None]:
-    """The arrival time of each token (seconds after start), and the completion tokens the server reports."""
+                        arrival: float, start: float, sampling: dict, tokenizer=None,
+                        times: RequestTimes | None = None) -> tuple[RequestTimes, int | None]:
+    """The arrival time of each token (seconds after start), and the completion tokens the server reports.
+    `times`, where given, is the record filled as tokens arrive, for a caller that watches the stream's progress."""
     await asyncio.sleep(max(0.0, arrival - (time.perf_counter() - start)))
-    times, used, counter = RequestTimes(arrival, prompt_tokens=len(prompt)), None, TokenCounter(tokenizer)
+    times = times if times is not None else RequestTimes(arrival, prompt_tokens=len(prompt))
+    used, counter = None, TokenCounter(tokenizer)
     stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, stream=True,
                                              stream_options={"include_usage": True, "continuous_usage_stats": True},
                                              **sampling)

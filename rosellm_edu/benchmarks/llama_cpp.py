@@ -174,13 +174,15 @@ def free_port() -> int:
 
 
 class Server:
-    """A server process for one run: started, waited for on /health, stopped (its log kept for errors)."""
+    """A server process for one run: started, waited for on /health, stopped (its log kept for errors). `env`
+    adds to the environment and `cwd` is where it runs (rosellm_edu.benchmarks.stalls runs an older checkout)."""
 
-    def __init__(self, command: list[str], port: int, threads: int, timeout: float = 600.0):
+    def __init__(self, command: list[str], port: int, threads: int, timeout: float = 600.0,
+                 env: dict[str, str] | None = None, cwd: Path | None = None):
         self.command, self.port, self.timeout = command, port, timeout
         self.log = tempfile.TemporaryFile()
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}   # torch's threads in our server
-        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), **(env or {})}   # torch's threads in our server
+        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
 
     def __enter__(self) -> str:
         deadline = time.monotonic() + self.timeout
