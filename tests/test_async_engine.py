@@ -1,19 +1,28 @@
 """AsyncLLMEngine's own guarantees: a failing step fails only the request that caused it (the others finish with
 the text they have alone), a burst of bad requests leaves the engine alive while an engine that cannot step is
 declared dead; the heartbeat and the stats snapshot are readable while a step hangs; a stream whose reader stops is
-cut off at max_buffered_outputs; the request's priority reaches the scheduler."""
+cut off at max_buffered_outputs; the request's priority reaches the scheduler. Through the server: /health is a 503
+while a step hangs past max_step_seconds and /metrics still answers; a raw socket client that never reads is
+aborted and the other streams finish."""
 
 import asyncio
+import json
 import logging
+import socket
 import threading
 import time
 
+import httpx
 import pytest
 
 from rosellm_edu import SamplingParams
 from rosellm_edu.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError, RequestFailedError
 from rosellm_edu.engine.llm_engine import LLMEngine
+from rosellm_edu.entrypoints.openai.api_server import build_app
+from rosellm_edu.entrypoints.openai.limits import ServerLimits
+from rosellm_edu.entrypoints.openai.server_thread import ServerThread
 
+MODEL = "smollm2-test"
 ENGINE_KWARGS = dict(dtype="float32", num_kv_blocks=256, block_size=16)
 MARK = 31999   # a token id no prompt below holds but the bad ones: a step that holds it fails
 GOOD = {"rome": "The history of Rome", "paris": "The capital of France is", "count": "Count to ten: one, two,"}
@@ -198,3 +207,72 @@ def test_priority_reaches_the_scheduler():
     finally:
         engine.shutdown()
     assert finished.index("sooner") < finished.index("later")   # first come, first served would swap them
+
+
+def test_health_is_503_while_a_step_hangs_past_max_step_seconds_and_metrics_still_answers(llm_engine):
+    engine = AsyncLLMEngine(llm_engine)
+    thread = ServerThread(build_app(engine, MODEL, limits=ServerLimits(max_step_seconds=0.3)))
+    url = thread.start()
+    base = url.removesuffix("/v1")
+    entered, release = threading.Event(), threading.Event()
+
+    def hanging_forward(batch):
+        del llm_engine.forward   # hang once
+        entered.set()
+        release.wait(60)
+        return LLMEngine.forward(llm_engine, batch)
+
+    request = threading.Thread(target=httpx.post, args=(url + "/completions",),
+                               kwargs={"json": {"model": MODEL, "prompt": "Hi", "max_tokens": 2}, "timeout": 60})
+    try:
+        assert httpx.get(base + "/health").status_code == 200
+        llm_engine.forward = hanging_forward
+        request.start()
+        assert entered.wait(60)
+        time.sleep(0.5)
+        health = httpx.get(base + "/health", timeout=5)
+        metrics = httpx.get(base + "/metrics", timeout=5)
+        release.set()
+        request.join(60)
+        assert health.status_code == 503 and health.json()["error"]["type"] == "server_error"
+        message = health.json()["error"]["message"]
+        assert "max_step_seconds=0.3" in message and "--max-step-seconds" in message
+        assert metrics.status_code == 200 and "rosellm:num_requests_running" in metrics.text
+        assert httpx.get(base + "/health").status_code == 200
+    finally:
+        release.set()
+        llm_engine.__dict__.pop("forward", None)
+        thread.stop()
+        engine.shutdown()
+
+
+def test_a_raw_client_that_never_reads_is_aborted_and_the_other_streams_finish(llm_engine, alone, caplog):
+    engine = AsyncLLMEngine(llm_engine, max_buffered_outputs=4)
+    thread = ServerThread(build_app(engine, MODEL))
+    url = thread.start()
+    for listener in thread.server.servers[0].sockets:   # accepted sockets inherit it: no loopback-sized buffers
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    host, port = url.removeprefix("http://").removesuffix("/v1").split(":")
+    body = json.dumps({"model": MODEL, "prompt": "Count to a thousand:", "max_tokens": 400, "ignore_eos": True,
+                       "n": 4, "logprobs": 5, "stream": True}).encode()
+    silent = socket.socket()
+    silent.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # a small window: the server's writes back up
+    try:
+        with caplog.at_level(logging.WARNING, logger="rosellm_edu.engine.async_llm_engine"):
+            silent.connect((host, int(port)))
+            silent.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n" % len(body) + body)   # and never reads
+            stream = {"model": MODEL, "prompt": GOOD["rome"], "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+                      "stream": True}
+            with httpx.stream("POST", url + "/completions", json=stream, timeout=120) as r:
+                events = [line.removeprefix("data: ") for line in r.iter_lines() if line]
+            assert events[-1] == "[DONE]"
+            text = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1] if json.loads(e)["choices"])
+            assert text == alone["rome"]
+            assert all_blocks_free(llm_engine, timeout=120)   # the silent client still holds its socket open
+        assert "outputs unread, its client stopped reading; aborting it" in caplog.text
+        assert engine.errored is None
+    finally:
+        silent.close()
+        thread.stop()
+        engine.shutdown()

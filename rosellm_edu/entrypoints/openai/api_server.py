@@ -62,15 +62,22 @@ def build_app(engine: AsyncLLMEngine, model_name: str, *, limits: ServerLimits |
     return app
 
 
-# notebooks/07_serving.ipynb, cell 61
+# notebooks/07a_server_hardening.ipynb, cell 46
 @router.get("/health", response_class=Response,
-            responses={200: {"description": "the engine loop runs"}, 503: ERRORS[503]})
+            responses={200: {"description": "the engine loop runs, and no step is stuck"}, 503: ERRORS[503]})
 async def health(raw: Request) -> Response:
-    """200 while the engine loop runs; 503 once it has stopped, so that a load balancer stops sending."""
-    errored = raw.app.state.engine.errored
-    if errored is None:
+    """200 while the engine loop runs and no step has run longer than max_step_seconds; otherwise 503, so that a
+    load balancer stops sending and an orchestrator restarts the server."""
+    engine, limit = raw.app.state.engine, raw.app.state.limits.max_step_seconds
+    running = engine.step_running_for()
+    if engine.errored is not None:
+        message = str(engine.errored)
+    elif running > limit:
+        message = (f"the engine's step has run for {running:.1f} s, longer than max_step_seconds={limit:g} "
+                   "(rosellm-edu serve --max-step-seconds)")
+    else:
         return Response(status_code=200)
-    return OpenAIError(503, str(errored), type="server_error").response()
+    return OpenAIError(503, message, type="server_error").response()
 
 
 # notebooks/07_serving.ipynb, cell 61
