@@ -346,9 +346,9 @@ def test_bench_command_drives_the_server_by_url_with_its_sampling_settings(serve
     url, engine = server
     received = []
 
-    async def recording_add_request(request_id, prompt, params):
+    async def recording_add_request(request_id, prompt, params, priority=0):
         received.append(params)
-        return await AsyncLLMEngine.add_request(engine, request_id, prompt, params)
+        return await AsyncLLMEngine.add_request(engine, request_id, prompt, params, priority)
 
     monkeypatch.setattr(engine, "add_request", recording_add_request)
     out = tmp_path / "bench.json"

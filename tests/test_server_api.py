@@ -26,9 +26,9 @@ def recorded_params(server, monkeypatch) -> list:
     """Record the SamplingParams the server hands the engine."""
     engine, seen = server[1], []
 
-    async def recording_add_request(request_id, prompt, params):
+    async def recording_add_request(request_id, prompt, params, priority=0):
         seen.append((prompt, params))
-        return await AsyncLLMEngine.add_request(engine, request_id, prompt, params)
+        return await AsyncLLMEngine.add_request(engine, request_id, prompt, params, priority)
 
     monkeypatch.setattr(engine, "add_request", recording_add_request)
     return seen

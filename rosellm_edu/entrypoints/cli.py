@@ -6,10 +6,12 @@
 
 import argparse
 import json
+import os
 import sys
 
 
 def serve_args(argv: list[str]) -> argparse.Namespace:
+    from rosellm_edu.entrypoints.openai.limits import ServerLimits
     from rosellm_edu.model_loader import QUANTIZATION_METHODS
 
     parser = argparse.ArgumentParser(prog="rosellm-edu serve", description="Serve the engine over OpenAI's API.")
@@ -33,9 +35,32 @@ def serve_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--speculative-config", type=json.loads, default=None,
                         help='speculative decoding as JSON, as vLLM\'s flag: \'{"method": "ngram", '
                              '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\'')
-    parser.add_argument("--max-request-body-bytes", type=int, default=4 * 2**20,
+    parser.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                        help="priority: requests with a lower `priority` field run first (vLLM's)")
+    parser.add_argument("--api-key", default=os.environ.get("ROSELLM_API_KEY"),
+                        help="every /v1 route then needs `Authorization: Bearer KEY` (default: $ROSELLM_API_KEY; "
+                             "/health, /metrics, /tokenize and /detokenize stay open)")
+    limits = ServerLimits()
+    parser.add_argument("--max-request-body-bytes", type=int, default=limits.max_body_bytes,
                         help="a larger request body is refused with 413 before it is parsed (default: 4 MiB)")
+    parser.add_argument("--max-prompt-chars", type=int, default=limits.max_prompt_chars,
+                        help="characters of a request's text (prompts or messages), checked before tokenizing")
+    parser.add_argument("--max-n", type=int, default=limits.max_n, help="choices one request may ask for")
+    parser.add_argument("--max-logit-bias", type=int, default=limits.max_logit_bias,
+                        help="entries of a request's logit_bias")
+    parser.add_argument("--tokenizer-workers", type=int, default=limits.tokenizer_workers,
+                        help="threads tokenizing requests of ordinary size (large ones have a lane of their own)")
+    parser.add_argument("--max-step-seconds", type=float, default=limits.max_step_seconds,
+                        help="/health answers 503 while an engine step has run longer than this")
     return parser.parse_args(argv)
+
+
+def server_limits(args: argparse.Namespace):
+    from rosellm_edu.entrypoints.openai.limits import ServerLimits
+
+    return ServerLimits(max_body_bytes=args.max_request_body_bytes, max_prompt_chars=args.max_prompt_chars,
+                        max_n=args.max_n, max_logit_bias=args.max_logit_bias,
+                        tokenizer_workers=args.tokenizer_workers, max_step_seconds=args.max_step_seconds)
 
 
 def build_engine(args: argparse.Namespace):
@@ -46,7 +71,8 @@ def build_engine(args: argparse.Namespace):
                      gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
                      max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                      enable_prefix_caching=not args.no_prefix_caching, max_model_len=args.max_model_len,
-                     quantization=args.quantization, speculative_config=args.speculative_config)
+                     quantization=args.quantization, speculative_config=args.speculative_config,
+                     scheduling_policy=args.scheduling_policy)
 
 
 def serve(argv: list[str]) -> None:
@@ -56,15 +82,15 @@ def serve(argv: list[str]) -> None:
 
     from rosellm_edu.engine.async_llm_engine import AsyncLLMEngine
     from rosellm_edu.entrypoints.openai.api_server import build_app
-    from rosellm_edu.entrypoints.openai.limits import ServerLimits
     from rosellm_edu.model_loader import EMBEDDED_NAME
 
+    limits = server_limits(args)   # refused here, before the model loads, if a limit is not positive
     engine = AsyncLLMEngine(build_engine(args))
     name = args.served_model_name or args.model or EMBEDDED_NAME
-    print(f"serving {name!r} at http://{args.host}:{args.port}/v1", flush=True)
+    print(f"serving {name!r} at http://{args.host}:{args.port}/v1"
+          f"{' (a key required on /v1)' if args.api_key else ''}", flush=True)
     try:
-        limits = ServerLimits(max_body_bytes=args.max_request_body_bytes)
-        uvicorn.run(build_app(engine, name, limits=limits), host=args.host, port=args.port)
+        uvicorn.run(build_app(engine, name, api_key=args.api_key, limits=limits), host=args.host, port=args.port)
     finally:
         engine.shutdown()
 

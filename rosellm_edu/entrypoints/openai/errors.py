@@ -22,13 +22,14 @@ class OpenAIError(Exception):
     """A request the server refuses: the HTTP status and OpenAI's error body that says why."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error"):
+                 type: str = "invalid_request_error", headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.headers = status, headers
         self.info = ErrorInfo(message=message, type=type, param=param, code=code)
 
     def response(self) -> JSONResponse:
-        return JSONResponse(ErrorResponse(error=self.info).model_dump(), status_code=self.status)
+        return JSONResponse(ErrorResponse(error=self.info).model_dump(), status_code=self.status,
+                            headers=self.headers)
 
 
 # notebooks/07_serving.ipynb, cell 55
@@ -61,13 +62,22 @@ async def openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
 
 # notebooks/07a_server_hardening.ipynb, cell 4
 def from_validation_error(exc: RequestValidationError) -> OpenAIError:
-    """The first thing pydantic found wrong with the body, in OpenAI's form."""
-    error = exc.errors()[0]
-    if error["type"] == "json_invalid":
-        return OpenAIError(400, f"the request body is not valid JSON ({error['ctx']['error']})")
-    param = ".".join(str(part) for part in error["loc"][1:]) or None   # loc starts with "body"
+    """The first thing pydantic found wrong with the body, in OpenAI's form. A field of several types (a prompt:
+    text, token ids, or a batch of either) gets one complaint per type: the one that got furthest speaks."""
+    errors = exc.errors()
+    if errors[0]["type"] == "json_invalid":
+        return OpenAIError(400, f"the request body is not valid JSON ({errors[0]['ctx']['error']})")
+    same_field = [e for e in errors if e["loc"][:2] == errors[0]["loc"][:2]]
+    error = min(same_field, key=lambda e: (e["type"].endswith("_type"), -len(e["loc"])))
+    param = ".".join(str(part) for part in error["loc"][1:] if not union_tag(part)) or None   # loc[0] is "body"
     message = error["msg"].removeprefix("Value error, ")
     return OpenAIError(400, f"{param}: {message}" if param else f"request body: {message}", param)
+
+
+# notebooks/07a_server_hardening.ipynb, cell 4
+def union_tag(part: str | int) -> bool:
+    """pydantic names the member of a union in the error's loc ("list[int]", "constrained-str"): not a field."""
+    return isinstance(part, str) and (not part.isidentifier() or part in ("str", "int", "float", "bool"))
 
 
 # notebooks/07a_server_hardening.ipynb, cell 4
@@ -77,7 +87,8 @@ async def invalid_body(request: Request, exc: RequestValidationError) -> JSONRes
 
 # notebooks/07a_server_hardening.ipynb, cell 4
 async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    return OpenAIError(exc.status_code, str(exc.detail)).response()   # unknown route, wrong method, too large
+    # an unknown route, a wrong method (its Allow header kept), a body too large
+    return OpenAIError(exc.status_code, str(exc.detail), headers=exc.headers).response()
 
 
 # notebooks/07a_server_hardening.ipynb, cell 4
@@ -88,4 +99,6 @@ async def engine_dead(request: Request, exc: EngineDeadError) -> JSONResponse:
 # notebooks/07a_server_hardening.ipynb, cell 4
 async def server_error(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("internal error", exc_info=exc)   # the details go to the log, not to the client
-    return OpenAIError(500, f"internal server error ({type(exc).__name__})", type="server_error").response()
+    # Starlette closes the connection after this answer: Connection: close tells the client to open a new one
+    return OpenAIError(500, f"internal server error ({type(exc).__name__})", type="server_error",
+                       headers={"Connection": "close"}).response()

@@ -1,21 +1,52 @@
-# Generated from notebooks/07_serving.ipynb, notebooks/07a_server_hardening.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/07_serving.ipynb, notebooks/07a_server_hardening.ipynb, notebooks/07b_responses_api.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
+import re
 import time
 import uuid
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_serializer
 
 from rosellm_edu.sampling_params import SamplingParams
 
 
 # notebooks/07_serving.ipynb, cell 39
+SURROGATE = re.compile("[\ud800-\udfff]")   # half of a UTF-16 pair: JSON can carry one, no text can hold it
+
+
+# notebooks/07_serving.ipynb, cell 39
+def strings(value):
+    """Every string inside a field's value (lists, dicts and models, recursively)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from strings(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from strings(item)
+    elif isinstance(value, BaseModel):
+        for _, item in value:
+            yield from strings(item)
+
+
+# notebooks/07_serving.ipynb, cell 39
 class OpenAIBaseModel(BaseModel):
     # Fields we do not know are kept (and checked by unimplemented_fields), not refused by pydantic: clients
-    # send fields a server does not implement, at their no-op values, all the time.
-    model_config = ConfigDict(extra="allow")
+    # send fields a server does not implement, at their no-op values, all the time. Types are strict, as
+    # OpenAI's spec gives them: `echo: 0` or `stream: "yes"` is a 400, not a guess (a float still takes 1).
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_lone_surrogate(cls, value):
+        """A lone surrogate ("a\\ud800b", from a client that cut a string inside an emoji) is refused here, as a
+        400 naming the field, before a tokenizer meets it."""
+        if any(SURROGATE.search(text) for text in strings(value)):
+            raise ValueError("contains a lone UTF-16 surrogate, which is not text (was a string cut in two?)")
+        return value
 
 
 # notebooks/07_serving.ipynb, cell 39
@@ -49,6 +80,7 @@ class SamplingRequest(OpenAIBaseModel):
     skip_special_tokens: bool = True
     ignore_eos: bool = False
     return_sampling_mask: bool = False
+    priority: int = 0   # lower runs first, under `--scheduling-policy priority`
 
     def to_sampling_params(self, max_tokens: int, logprobs: int | None = None,
                            prompt_logprobs: int | None = None) -> SamplingParams:
@@ -95,9 +127,17 @@ def unimplemented_fields(body: OpenAIBaseModel) -> tuple[list[str], list[str]]:
 
 
 # notebooks/07_serving.ipynb, cell 44
+NonEmpty = Field(min_length=1)   # an empty prompt, or batch, is refused: the schema says so
+
+
+# notebooks/07_serving.ipynb, cell 44
+Text, TokenIds = Annotated[str, NonEmpty], Annotated[list[int], NonEmpty]
+
+
+# notebooks/07_serving.ipynb, cell 44
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[int] | list[str] | list[list[int]] = Field(min_length=1)
-    max_tokens: int | None = 16   # None: up to the context
+    prompt: Text | TokenIds | Annotated[list[Text], NonEmpty] | Annotated[list[TokenIds], NonEmpty]
+    max_tokens: int | None = Field(16, ge=1)   # None: up to the context
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False            # the prompt comes back in front of the text, with its logprobs if asked
 
@@ -135,8 +175,8 @@ class ChatMessage(OpenAIBaseModel):
 # notebooks/07_serving.ipynb, cell 45
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
@@ -293,7 +333,7 @@ class ErrorResponse(BaseModel):
     error: ErrorInfo
 
 
-# notebooks/07a_server_hardening.ipynb, cell 14
+# notebooks/07a_server_hardening.ipynb, cell 16
 class TokenizeRequest(OpenAIBaseModel):
     """vLLM's /tokenize: a prompt, or chat messages through the chat template."""
     model: str | None = None
@@ -304,13 +344,13 @@ class TokenizeRequest(OpenAIBaseModel):
     return_token_strs: bool = False
 
 
-# notebooks/07a_server_hardening.ipynb, cell 14
+# notebooks/07a_server_hardening.ipynb, cell 16
 class DetokenizeRequest(OpenAIBaseModel):
     model: str | None = None
     tokens: list[int]
 
 
-# notebooks/07a_server_hardening.ipynb, cell 14
+# notebooks/07a_server_hardening.ipynb, cell 16
 class TokenizeResponse(BaseModel):
     count: int
     max_model_len: int
@@ -318,6 +358,182 @@ class TokenizeResponse(BaseModel):
     token_strs: list[str] | None = None
 
 
-# notebooks/07a_server_hardening.ipynb, cell 14
+# notebooks/07a_server_hardening.ipynb, cell 16
 class DetokenizeResponse(BaseModel):
     prompt: str
+
+
+# notebooks/07b_responses_api.ipynb, cell 4
+class InputMessage(OpenAIBaseModel):
+    """One message of a Responses input: a role and its text, as a string or a list of text parts."""
+    type: Literal["message"] = "message"
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[dict]
+    id: str | None = None        # an earlier answer sent back as history keeps its item id and status
+    status: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, content):
+        """A user's input_text parts, an earlier answer's output_text parts: joined as chat joins its parts."""
+        if isinstance(content, str):
+            return content
+        kinds = {part.get("type") for part in content} - {"input_text", "output_text"}
+        if kinds:
+            raise ValueError(f"only input_text and output_text parts are supported, got {sorted(map(str, kinds))}")
+        return "\n".join(str(part.get("text", "")) for part in content)
+
+    def for_template(self) -> dict:
+        return ChatMessage(role=self.role, content=self.content).for_template()
+
+
+# notebooks/07b_responses_api.ipynb, cell 4
+# A string is one user message, a list holds messages. The branch is picked by the value's kind, so that an error
+# names one place (input.messages.0.role) rather than both branches of a union.
+ResponsesInput = Annotated[Union[Annotated[str, Field(min_length=1), Tag("text")],
+                                 Annotated[list[InputMessage], Field(min_length=1), Tag("messages")]],
+                           Discriminator(lambda value: "text" if isinstance(value, str) else "messages")]
+
+
+# notebooks/07b_responses_api.ipynb, cell 6
+NOT_OFFERED: dict[str, tuple[list, str]] = {   # field -> (the values that ask for nothing, why others are refused)
+    "store": ([None, False], "this server stores no responses"),
+    "background": ([None, False], "a background response must be stored, and this server stores none"),
+    "previous_response_id": ([None], "this server stores no responses: send the conversation so far as input"),
+    "conversation": ([None], "this server stores no conversations: send the conversation so far as input"),
+    "tools": ([None, []], "this server offers no tools, built-in or function"),
+    "tool_choice": ([None, "none", "auto"], "this server offers no tools"),
+    "reasoning": ([None, {}], "this server's models take no reasoning settings"),
+    "include": ([None, []], "this server adds nothing to its output items"),
+    "text": ([None, {}, {"format": {"type": "text"}}], "structured output needs constrained decoding"),
+    "top_logprobs": ([None, 0], "logprobs are served by /v1/chat/completions"),
+    "truncation": ([None, "disabled"], "a prompt too long for the context is refused, never cut"),
+}
+
+
+# notebooks/07b_responses_api.ipynb, cell 7
+class ResponsesRequest(OpenAIBaseModel):
+    """The text path of OpenAI's Responses API, and the fields of NOT_OFFERED."""
+    n: ClassVar[int] = 1                          # one answer, as ResponseState reads a body
+    return_sampling_mask: ClassVar[bool] = False
+    model: str
+    input: ResponsesInput
+    instructions: str | None = None               # a system message ahead of the input
+    max_output_tokens: int | None = Field(None, ge=1)   # None: all the room the context leaves
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool = False
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    parallel_tool_calls: bool | None = None       # without tools, either value asks for nothing
+    store: bool | None = None
+    background: bool | None = None
+    previous_response_id: str | None = None
+    conversation: str | dict | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    reasoning: dict | None = None
+    include: list[str] | None = None
+    text: dict | None = None
+    top_logprobs: int | None = None
+    truncation: str | None = None
+    priority: int = 0                             # vLLM's extra: lower runs first, under --scheduling-policy priority
+
+    @property
+    def messages(self) -> list[InputMessage]:
+        """instructions as a system message first, then the input (a string is one user message)."""
+        given = [InputMessage(role="user", content=self.input)] if isinstance(self.input, str) else self.input
+        return ([InputMessage(role="system", content=self.instructions)] if self.instructions else []) + given
+
+    # notebooks/07b_responses_api.ipynb, cell 8
+    def not_offered(self) -> tuple[str, str] | None:
+        """The first field set to something this server does not offer, and why."""
+        return next(((name, why) for name, (no_op, why) in NOT_OFFERED.items() if getattr(self, name) not in no_op),
+                    None)
+
+    # notebooks/07b_responses_api.ipynb, cell 8
+    def to_sampling_params(self, max_tokens: int, *_) -> SamplingParams:
+        """Raises ValueError naming the parameter that is invalid."""
+        given = {"temperature": self.temperature, "top_p": self.top_p}
+        return SamplingParams(max_tokens=max_tokens, **{k: v for k, v in given.items() if v is not None})
+
+
+# notebooks/07b_responses_api.ipynb, cell 12
+class OutputText(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list = []
+    logprobs: list = []
+
+
+# notebooks/07b_responses_api.ipynb, cell 12
+class OutputMessage(BaseModel):
+    """The one output item of a text answer: an assistant message."""
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    status: Literal["in_progress", "completed", "incomplete"]
+    content: list[OutputText]
+
+
+# notebooks/07b_responses_api.ipynb, cell 12
+class IncompleteDetails(BaseModel):
+    reason: Literal["max_output_tokens"] = "max_output_tokens"
+
+
+# notebooks/07b_responses_api.ipynb, cell 12
+class ResponseError(BaseModel):
+    code: str
+    message: str
+
+
+# notebooks/07b_responses_api.ipynb, cell 13
+class InputTokensDetails(BaseModel):
+    cached_tokens: int = 0      # not counted per request here (vLLM also sends 0 unless asked)
+
+
+# notebooks/07b_responses_api.ipynb, cell 13
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+# notebooks/07b_responses_api.ipynb, cell 13
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails = InputTokensDetails()
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails = OutputTokensDetails()
+    total_tokens: int
+
+
+# notebooks/07b_responses_api.ipynb, cell 14
+class ResponsesResponse(BaseModel):
+    """A response: the request's settings echoed, its status, its output items and usage."""
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int = Field(default_factory=lambda: int(time.time()))
+    status: Literal["in_progress", "completed", "incomplete", "failed"]
+    model: str
+    output: list[OutputMessage] = []
+    usage: ResponseUsage | None = None
+    incomplete_details: IncompleteDetails | None = None
+    error: ResponseError | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    previous_response_id: None = None
+    store: bool = False
+    parallel_tool_calls: bool = False
+    tool_choice: Literal["none"] = "none"
+    tools: list = []
+
+
+# notebooks/07b_responses_api.ipynb, cell 14
+class ResponseEvent(BaseModel):
+    """One event of a streamed response: its type, its place in the stream, the fields of its type."""
+    model_config = ConfigDict(extra="allow")
+    type: str
+    sequence_number: int

@@ -8,12 +8,12 @@ from typing import AsyncIterator, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from rosellm_edu.entrypoints.openai.errors import ERRORS, check_fields
+from rosellm_edu.entrypoints.openai.errors import ERRORS
 from rosellm_edu.entrypoints.openai.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk,
                                                      ChatCompletionRequest, ChatCompletionResponse, ChatLogprob,
                                                      ChatLogprobs, ChatMessageOut, DeltaMessage, TopLogprob, random_id)
 from rosellm_edu.entrypoints.openai.serving_engine import (Piece, ResponseState, add_requests, chat_prompt_ids,
-                                                           check_model, check_prompt, clamp, event_stream, in_pool,
+                                                           check_prompt, check_request, clamp, event_stream, in_pool,
                                                            merge, sampling_params, sse, stream_events, token_text,
                                                            whole_response)
 from rosellm_edu.outputs import Logprob, RequestOutput
@@ -57,16 +57,13 @@ async def chat_events(state: ResponseState, outputs: AsyncIterator[tuple[int, Re
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
              responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}})
 async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Response:
-    check_model(raw, body.model)
-    check_fields(body)
-    for message in body.messages:
-        check_fields(message)
+    check_request(raw, body)
     ids = await in_pool(raw, chat_prompt_ids, [m.for_template() for m in body.messages])
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     params = sampling_params(raw, body, check_prompt(raw, ids, max_tokens, "messages"), body.sampling_logprobs())
     request_id, created = random_id("chatcmpl"), int(time.time())
     state = ResponseState(raw, body, [(None, ids)])
-    outputs = merge(await add_requests(raw, request_id, [(None, ids)], [params]))
+    outputs = merge(await add_requests(raw, request_id, [(None, ids)], [params], body.priority))
     logprobs = lambda piece: (None if not body.logprobs else   # noqa: E731
                               chat_logprobs(raw.app.state.tokenizer, piece, body.top_logprobs or 0))
 

@@ -7,11 +7,11 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from rosellm_edu.entrypoints.openai.errors import ERRORS, check_fields
+from rosellm_edu.entrypoints.openai.errors import ERRORS
 from rosellm_edu.entrypoints.openai.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest,
                                                      CompletionResponse, random_id)
-from rosellm_edu.entrypoints.openai.serving_engine import (Piece, ResponseState, add_requests, check_model,
-                                                           check_prompt, clamp, encode_prompts, event_stream, in_pool,
+from rosellm_edu.entrypoints.openai.serving_engine import (Piece, ResponseState, add_requests, check_prompt,
+                                                           check_request, clamp, encode_prompts, event_stream, in_pool,
                                                            merge, sampling_params, stream_events, token_text,
                                                            whole_response)
 
@@ -39,8 +39,7 @@ def completion_logprobs(tokenizer, piece: Piece) -> CompletionLogprobs:
 @router.post("/v1/completions", response_model=CompletionResponse,
              responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}})
 async def create_completion(body: CompletionRequest, raw: Request) -> Response:
-    check_model(raw, body.model)
-    check_fields(body)
+    check_request(raw, body)
     batch = body.prompts()
     prompts = await in_pool(raw, encode_prompts, batch, body.echo)
     echo_logprobs = body.logprobs if body.echo else None
@@ -48,7 +47,7 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Response:
                               echo_logprobs) for _, ids in prompts]
     request_id, created = random_id("cmpl"), int(time.time())
     state = ResponseState(raw, body, prompts, echo=body.echo)
-    outputs = merge(await add_requests(raw, request_id, prompts, params))
+    outputs = merge(await add_requests(raw, request_id, prompts, params, body.priority))
 
     def choice(piece: Piece) -> CompletionChoice:
         logprobs = None if body.logprobs is None else completion_logprobs(raw.app.state.tokenizer, piece)

@@ -3,8 +3,12 @@
 # (cells counted from 1 in their notebook, markdown cells included).
 
 import asyncio
+import copy
+import queue
 import re
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import AsyncIterator, Awaitable, Callable
 
@@ -14,16 +18,42 @@ from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
 from rosellm_edu.engine.async_llm_engine import EngineDeadError, RequestFailedError
-from rosellm_edu.entrypoints.openai.errors import OpenAIError, invalid_parameter
-from rosellm_edu.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingRequest, StreamOptions, UsageInfo
+from rosellm_edu.entrypoints.openai.errors import OpenAIError, check_fields, invalid_parameter
+from rosellm_edu.entrypoints.openai.protocol import (ErrorInfo, ErrorResponse, OpenAIBaseModel, SamplingRequest,
+                                                     StreamOptions, UsageInfo, strings)
 from rosellm_edu.outputs import Logprob, RequestOutput
 from rosellm_edu.sampling_params import SamplingParams
 
 
-# notebooks/07_serving.ipynb, cell 62
+# notebooks/07a_server_hardening.ipynb, cell 21
+LARGE_PROMPT_CHARS = 16_384   # a request with more text is tokenized in the lane for large ones
+
+
+# notebooks/07a_server_hardening.ipynb, cell 21
+class TokenizerLanes:
+    """Threads that tokenize, each with its own tokenizer: `workers` for ordinary requests, one for large ones."""
+
+    def __init__(self, tokenizer, workers: int):
+        copies = queue.SimpleQueue()
+        for _ in range(workers + 1):
+            copies.put(copy.deepcopy(tokenizer))
+        self.local = threading.local()
+        take = lambda: setattr(self.local, "tokenizer", copies.get())   # noqa: E731  (once per thread)
+        self.small = ThreadPoolExecutor(workers, "tokenizer", initializer=take)
+        self.large = ThreadPoolExecutor(1, "tokenizer-large", initializer=take)
+
+    async def run(self, chars: int, fn: Callable, *args):
+        lane = self.large if chars > LARGE_PROMPT_CHARS else self.small
+        return await asyncio.get_running_loop().run_in_executor(lane, self.call, fn, *args)
+
+    def call(self, fn: Callable, *args):
+        return fn(self.local.tokenizer, *args)
+
+
+# notebooks/07a_server_hardening.ipynb, cell 21
 async def in_pool(raw: Request, fn: Callable, *args):
-    """fn(tokenizer, *args) in the tokenizer pool, awaited without blocking the event loop."""
-    return await asyncio.get_running_loop().run_in_executor(raw.app.state.pool, fn, raw.app.state.tokenizer, *args)
+    """fn(tokenizer, *args) in a tokenizer thread, in the lane that the size of the text given to it picks."""
+    return await raw.app.state.lanes.run(sum(len(text) for arg in args for text in strings(arg)), fn, *args)
 
 
 # notebooks/07_serving.ipynb, cell 62
@@ -32,6 +62,18 @@ def check_model(raw: Request, model: str | None) -> None:
     if model is not None and model != served:
         raise OpenAIError(404, f"the model {model!r} does not exist; this server serves {served!r}", "model",
                           "model_not_found")
+
+
+# notebooks/07a_server_hardening.ipynb, cell 22
+def check_request(raw: Request, body: OpenAIBaseModel) -> None:
+    """What every route checks before any work: the model, the fields, the limits, and priority."""
+    check_model(raw, body.model)
+    for part in [body, *(getattr(body, "messages", None) or [])]:
+        check_fields(part)
+    raw.app.state.limits.check(body)
+    if getattr(body, "priority", 0) and raw.app.state.engine.engine.scheduler.policy != "priority":
+        raise OpenAIError(400, "priority: this server schedules first come, first served (rosellm-edu serve "
+                          "--scheduling-policy priority schedules by it)", "priority")
 
 
 # notebooks/07_serving.ipynb, cell 64
@@ -97,7 +139,7 @@ class ResponseState:
         return UsageInfo(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
                          total_tokens=self.prompt_tokens + self.completion_tokens)
 
-    # notebooks/07a_server_hardening.ipynb, cell 11
+    # notebooks/07a_server_hardening.ipynb, cell 13
     def finished(self) -> None:
         """A response whose every choice ended: its latencies go to the histograms."""
         now, m = time.perf_counter(), self.app.state.metrics
@@ -263,12 +305,13 @@ def sampling_params(raw: Request, body: SamplingRequest, max_tokens: int, logpro
 
 # notebooks/07_serving.ipynb, cell 72
 async def add_requests(raw: Request, request_id: str, prompts: list[tuple[str | None, list[int]]],
-                       params: list[SamplingParams]) -> list[AsyncIterator[RequestOutput]]:
+                       params: list[SamplingParams], priority: int = 0) -> list[AsyncIterator[RequestOutput]]:
     """One engine request per prompt (ids request_id-0, -1, ...): all of them are added, or none."""
     engine, streams = raw.app.state.engine, []
     try:
         for i, ((text, ids), p) in enumerate(zip(prompts, params)):
-            streams.append(await engine.add_request(f"{request_id}-{i}", {"prompt": text, "prompt_token_ids": ids}, p))
+            prompt = {"prompt": text, "prompt_token_ids": ids}
+            streams.append(await engine.add_request(f"{request_id}-{i}", prompt, p, priority))
     except BaseException as e:
         await engine.abort([f"{request_id}-{j}" for j in range(len(streams))])
         if isinstance(e, ValueError):   # refused by the engine (a KV cache too small for it): no internal ids

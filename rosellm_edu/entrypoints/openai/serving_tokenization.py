@@ -8,18 +8,18 @@ from fastapi.responses import JSONResponse
 from rosellm_edu.entrypoints.openai.errors import ERRORS, OpenAIError
 from rosellm_edu.entrypoints.openai.protocol import (DetokenizeRequest, DetokenizeResponse, TokenizeRequest,
                                                      TokenizeResponse)
-from rosellm_edu.entrypoints.openai.serving_engine import chat_prompt_ids, check_model, in_pool
+from rosellm_edu.entrypoints.openai.serving_engine import chat_prompt_ids, check_model, check_request, in_pool
 
 
-# notebooks/07a_server_hardening.ipynb, cell 15
+# notebooks/07a_server_hardening.ipynb, cell 17
 router = APIRouter()
 
 
-# notebooks/07a_server_hardening.ipynb, cell 15
+# notebooks/07a_server_hardening.ipynb, cell 17
 @router.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
 async def tokenize(body: TokenizeRequest, raw: Request) -> JSONResponse:
     """vLLM's /tokenize: a prompt's token ids, or chat messages' through the chat template."""
-    check_model(raw, body.model)
+    check_request(raw, body)
     if (body.prompt is None) == (body.messages is None):
         raise OpenAIError(400, "give either prompt or messages", "prompt")
     if body.messages is not None:
@@ -33,7 +33,7 @@ async def tokenize(body: TokenizeRequest, raw: Request) -> JSONResponse:
                                          tokens=ids, token_strs=strs).model_dump())
 
 
-# notebooks/07a_server_hardening.ipynb, cell 15
+# notebooks/07a_server_hardening.ipynb, cell 17
 @router.post("/detokenize", response_model=DetokenizeResponse, responses=ERRORS)
 async def detokenize(body: DetokenizeRequest, raw: Request) -> JSONResponse:
     check_model(raw, body.model)
