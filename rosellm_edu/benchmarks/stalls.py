@@ -96,9 +96,13 @@ class Offense:
 
 
 async def post(target: Target, body: dict) -> dict:
-    """POST /v1/completions: the status, the seconds it took, the error's message where there is one."""
+    """POST /v1/completions: the status, the seconds it took, the error's message where there is one (status None:
+    no answer, the connection failed)."""
     start = time.perf_counter()
-    r = await target.http.post(f"{target.url}/completions", json={"model": target.model, **body})
+    try:
+        r = await target.http.post(f"{target.url}/completions", json={"model": target.model, **body})
+    except httpx.TransportError as e:
+        return {"status": None, "seconds": time.perf_counter() - start, "error": repr(e)}
     answer = {"status": r.status_code, "seconds": time.perf_counter() - start}
     if r.status_code != 200:
         try:
@@ -182,10 +186,11 @@ SCENARIOS: dict[str, tuple[Callable[[Target, Size], Awaitable[Offense]], list[st
 }
 
 
-async def run(target: Target, size: Size, offense: Offense | None, probe: bool) -> dict:
+async def beside(target: Target, size: Size, offense: Offense | None,
+                 probe: bool) -> tuple[list[RequestTimes], list[str], list[dict], dict | None]:
     """The streams; once each has a quarter of its tokens, the offense's bodies (None: none, the baseline), and
-    PROBE_DELAY later a 1-token request where `probe`. The worst gap between two tokens of any stream, each
-    stream's seconds, the offender's and the 1-token request's answers."""
+    PROBE_DELAY later a 1-token request where `probe`. Each stream's token times (seconds from the start), the
+    streams' errors, the offender's answers and the 1-token request's, each with the time it was sent."""
     prompts = [token_ids(128, target.vocab_size, seed=100 + i) for i in range(size.streams)]
     records = [RequestTimes(0.0, prompt_tokens=len(p)) for p in prompts]
     sampling = {"temperature": 0.0, "extra_body": {"ignore_eos": True}}
@@ -195,7 +200,7 @@ async def run(target: Target, size: Size, offense: Offense | None, probe: bool) 
         while not all(len(r.token_times) >= size.stream_tokens // 4 or t.done() for r, t in zip(records, streams)):
             await asyncio.sleep(0.01)   # a stream that failed early does not hold the offender back
         await asyncio.sleep(delay)
-        return await post(target, body)
+        return {"sent_at_s": time.perf_counter() - start, **await post(target, body)}
 
     async with openai.AsyncOpenAI(base_url=target.url, api_key="EMPTY", max_retries=0, timeout=600) as client:
         streams = [asyncio.ensure_future(timed_request(client, target.model, p, size.stream_tokens, 0.0, start,
@@ -203,17 +208,23 @@ async def run(target: Target, size: Size, offense: Offense | None, probe: bool) 
         offender = [after_a_quarter(0.0, body) for body in (offense.bodies if offense else [])]
         probes = [after_a_quarter(PROBE_DELAY, {"prompt": "Hi", "max_tokens": 1, "temperature": 0})] if probe else []
         results = await asyncio.gather(*streams, *offender, *probes, return_exceptions=True)
-    gaps = [gap for r in records for gap in r.itl]
-    return {"worst_gap_s": max(gaps, default=None),
+    answers = [{"error": repr(r)} if isinstance(r, BaseException) else r for r in results[len(streams):]]
+    errors = [repr(r) for r in results[:len(streams)] if isinstance(r, BaseException)]
+    return records, errors, answers[:len(offender)], answers[-1] if probe else None
+
+
+def worst_gap(records: list[RequestTimes]) -> float | None:
+    """The longest wait between two tokens of any stream."""
+    return max((gap for r in records for gap in r.itl), default=None)
+
+
+async def run(target: Target, size: Size, offense: Offense | None, probe: bool) -> dict:
+    """`beside`'s run, summarized: the worst gap, each stream's seconds, the answers."""
+    records, errors, offender, probe_answer = await beside(target, size, offense, probe)
+    return {"worst_gap_s": worst_gap(records),
             "stream_seconds": [r.e2e if r.token_times else None for r in records],
             "streams_finished": sum(len(r.token_times) == size.stream_tokens for r in records),
-            "stream_errors": [repr(r) for r in results[:len(streams)] if isinstance(r, BaseException)],
-            "offender": [answer_or_error(r) for r in results[len(streams):len(streams) + len(offender)]],
-            "probe": answer_or_error(results[-1]) if probe else None}
-
-
-def answer_or_error(result) -> dict:
-    return {"error": repr(result)} if isinstance(result, BaseException) else result
+            "stream_errors": errors, "offender": offender, "probe": probe_answer}
 
 
 @cache
