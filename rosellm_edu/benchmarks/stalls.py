@@ -82,7 +82,6 @@ class Target:
     http: httpx.AsyncClient
     model: str
     vocab_size: int
-    flags: frozenset[str]   # the flags its checkout's `serve --help` lists
 
 
 @dataclass
@@ -251,7 +250,7 @@ async def scenario_on(checkout: Path, name: str, size: Size, args, extra_flags: 
     with Server(command, port, args.threads, env=checkout_env(checkout), cwd=checkout) as url:
         async with httpx.AsyncClient(timeout=600) as http:
             model = (await http.get(f"{url}/models")).json()["data"][0]["id"]
-            target = Target(url, http, model, args.vocab_size, known)
+            target = Target(url, http, model, args.vocab_size)
             await run(target, replace(size, stream_tokens=4), None, probe=False)   # a warm-up
             offense = await scenario(target, size)
             baseline = await run(target, size, None, offense.probe)
