@@ -291,6 +291,65 @@ def test_openai_messages_as_clients_write_them(served, client):
     assert developer.choices[0].finish_reason in ("stop", "length")
 
 
+# ---- the openai client's Responses API (/v1/responses) ----
+
+def test_openai_responses_sync_async_and_streamed_equal_transformers_greedy(served, client, hf_model, tokenizer):
+    """responses.create whole (sync and async) and streamed (stream=True, and responses.stream with its final
+    response): each is transformers' greedy answer to the same question as a chat message."""
+    common = dict(model=MODEL, input=MESSAGES[0]["content"], max_output_tokens=16, temperature=0)
+
+    async def ask_async() -> str:
+        async with openai.AsyncOpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=120) as aclient:
+            return (await aclient.responses.create(**common)).output_text
+
+    with refusals_shown(served):
+        whole = client.responses.create(**common)
+        in_async = asyncio.run(ask_async())
+        events = list(client.responses.create(stream=True, **common))
+        with client.responses.stream(**common) as stream:
+            deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+            final = stream.get_final_response()
+    prompt_ids = chat_ids(tokenizer, MESSAGES)
+    expected_ids = hf_greedy_ids(hf_model, prompt_ids, 16)
+    expected = tokenizer.decode(expected_ids, skip_special_tokens=True)
+    assert whole.status == "completed" and whole.output_text == in_async == expected
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == expected
+    assert events[-1].type == "response.completed" and events[-1].response.output_text == expected
+    assert "".join(deltas) == final.output_text == expected
+    assert (whole.usage.input_tokens, whole.usage.output_tokens) == (len(prompt_ids), len(expected_ids))
+
+
+def test_openai_responses_history_from_an_earlier_output_is_the_chat_conversation(served, client, hf_model,
+                                                                                  tokenizer):
+    """OpenAI's way to go on with a conversation without a store: the earlier response's output items go back as
+    input, beside the new user message."""
+    first_turn = [{"role": "user", "content": "Name a colour."}]
+    with refusals_shown(served):
+        first = client.responses.create(model=MODEL, input=first_turn, max_output_tokens=16, temperature=0)
+        second = client.responses.create(model=MODEL, max_output_tokens=16, temperature=0,
+                                         input=[*first_turn, *first.output, {"role": "user", "content": "Another."}])
+    history = [*first_turn, {"role": "assistant", "content": first.output_text}, {"role": "user", "content": "Another."}]
+    assert second.output_text == hf_greedy_text(hf_model, tokenizer, chat_ids(tokenizer, history), 16)
+
+
+def test_openai_responses_cut_by_max_output_tokens_are_incomplete(served, client, hf_model, tokenizer):
+    common = dict(model=MODEL, input=MESSAGES[0]["content"], max_output_tokens=3, temperature=0)
+    with refusals_shown(served):
+        whole = client.responses.create(**common)
+        events = list(client.responses.create(stream=True, **common))
+    expected = hf_greedy_text(hf_model, tokenizer, chat_ids(tokenizer, MESSAGES), 3)
+    assert (whole.status, whole.incomplete_details.reason, whole.output_text) == \
+           ("incomplete", "max_output_tokens", expected)
+    assert events[-1].type == "response.incomplete" and events[-1].response.output_text == expected
+
+
+def test_openai_responses_store_and_tools_are_refused_naming_the_field(served, client):
+    for field, value in [("store", True), ("previous_response_id", "resp_0"), ("tools", [{"type": "web_search"}])]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(model=MODEL, input="Hi", max_output_tokens=4, **{field: value})
+        assert refused.value.body["param"] == field
+
+
 # ---- langchain-openai ----
 
 def test_langchain_chat_openai_plain_and_streamed_equal_transformers_greedy(served, hf_model, tokenizer):
@@ -303,6 +362,25 @@ def test_langchain_chat_openai_plain_and_streamed_equal_transformers_greedy(serv
         streamed = "".join(chunk.content for chunk in chat.stream(question))
     expected = hf_greedy_text(hf_model, tokenizer, chat_ids(tokenizer, MESSAGES), 8)
     assert answer == expected and streamed == expected
+
+
+def test_langchain_chat_openai_responses_api_invoke_and_stream_equal_transformers_greedy(served, hf_model, tokenizer):
+    """ChatOpenAI(use_responses_api=True) sends a system message and the history as Responses input items (an
+    earlier answer as output_text parts): invoke and stream give transformers' greedy answer to that conversation."""
+    langchain_openai = pytest.importorskip("langchain_openai")
+    chat = langchain_openai.ChatOpenAI(model=MODEL, base_url=served.url, api_key="unused", temperature=0,
+                                       max_tokens=16, max_retries=0, use_responses_api=True)
+    turns = [("system", "You are terse."), ("user", "Name a colour."), ("assistant", "Blue."),
+             ("user", "Another one.")]
+    with refusals_shown(served):
+        answer = chat.invoke(MESSAGES[0]["content"])
+        streamed = "".join(chunk.text for chunk in chat.stream(MESSAGES[0]["content"]))
+        conversation = chat.invoke([("ai" if role == "assistant" else role, text) for role, text in turns]).text
+    expected = hf_greedy_text(hf_model, tokenizer, chat_ids(tokenizer, MESSAGES), 16)
+    assert answer.text == expected and streamed == expected
+    assert answer.usage_metadata["input_tokens"] == len(chat_ids(tokenizer, MESSAGES))
+    history = [{"role": role, "content": text} for role, text in turns]
+    assert conversation == hf_greedy_text(hf_model, tokenizer, chat_ids(tokenizer, history), 16)
 
 
 def test_langchain_chat_openai_logprobs_equal_transformers_log_softmax(served, hf_model, tokenizer):
