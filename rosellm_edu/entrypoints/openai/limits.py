@@ -29,7 +29,7 @@ class ServerLimits:
 
     def check(self, body: OpenAIBaseModel) -> None:
         """A 400 that names the field, the limit and its flag, before any work is done for the request."""
-        chars = {name: sum(len(text) for text in strings(value)) for name, value in body}
+        chars = {name: sum(len(text) for text in strings(value)) for name, value in body if name != "model"}
         if sum(chars.values()) > self.max_prompt_chars:
             raise over(max(chars, key=chars.get), f"the request's text is {sum(chars.values())} characters",
                        self.max_prompt_chars, "--max-prompt-chars")
