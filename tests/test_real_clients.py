@@ -47,10 +47,10 @@ class Served:
 
 
 @contextlib.contextmanager
-def serving(**engine_kwargs):
+def serving(api_key: str | None = None, **engine_kwargs):
     """The server as tests/test_server.py starts it, wrapped in a Recorder of refused requests."""
     engine = AsyncLLMEngine(LLMEngine(**engine_kwargs))
-    recorder = Recorder(build_app(engine, MODEL))
+    recorder = Recorder(build_app(engine, MODEL, api_key=api_key))
     thread = ServerThread(recorder)
     try:
         yield Served(thread.start(), recorder)
@@ -544,20 +544,26 @@ def test_lm_eval_generations_equal_the_hf_backend_item_by_item(lm_eval_samples):
 # ---- schemathesis: the server's own OpenAPI schema, fuzzed, response-schema conformance on ----
 
 FUZZ_CONTEXT = 32   # a short context bounds every fuzzed request, whatever max_tokens it asks for
+# Responses (schema, status, content type, headers), bodies the schema forbids refused (strict types, the limits
+# declared), wrong methods answered 405 with Allow; with a key, a request without it refused.
 SCHEMATHESIS_CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"
-                       "response_schema_conformance")
+                       "response_schema_conformance,response_headers_conformance,negative_data_rejection,"
+                       "unsupported_method,allow_header_conformance,missing_required_header")
 
 
-def test_schemathesis_finds_no_failure_in_the_openapi_schema(tmp_path):
+@pytest.mark.parametrize("api_key", [None, "sk-fuzz"])
+def test_schemathesis_finds_no_failure_in_the_openapi_schema(tmp_path, api_key):
     """Its fuzzing phase, a bounded number of examples per operation (its coverage phase, some 800 boundary
     cases, takes minutes here: run `schemathesis run URL/openapi.json` by hand for that)."""
     pytest.importorskip("schemathesis")
     hooks = dict(os.environ, SCHEMATHESIS_HOOKS="clients.schemathesis_hooks", ROSELLM_SERVED_MODEL=MODEL,
                  PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
-    with serving(**ENGINE_KWARGS, max_model_len=FUZZ_CONTEXT) as fuzzed:
+    key = ["--checks", SCHEMATHESIS_CHECKS + ",ignored_auth", "-H", f"Authorization: Bearer {api_key}"] if api_key \
+        else ["--checks", SCHEMATHESIS_CHECKS]
+    with serving(**ENGINE_KWARGS, max_model_len=FUZZ_CONTEXT, api_key=api_key) as fuzzed:
         start = time.monotonic()
         run = subprocess.run([str(Path(sys.executable).parent / "schemathesis"), "run",
-                              f"{fuzzed.origin}/openapi.json", "--checks", SCHEMATHESIS_CHECKS, "--phases", "fuzzing",
+                              f"{fuzzed.origin}/openapi.json", *key, "--phases", "fuzzing",
                               "--max-examples", "25", "--seed", "1", "--workers", "1", "--request-timeout", "60"],
                              capture_output=True, text=True, timeout=400, cwd=tmp_path, env=hooks)
     assert run.returncode == 0, (f"schemathesis failed after {time.monotonic() - start:.0f} s:\n"
