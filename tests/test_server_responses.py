@@ -184,9 +184,13 @@ def test_the_values_that_ask_for_nothing_are_accepted(server):
     ({"input": QUESTION, "max_output_tokens": 10**6}, 400, "max_output_tokens"),
     ({"input": QUESTION, "temperature": -1}, 400, "temperature"),
     ({"input": QUESTION, "model": "gpt-4o"}, 404, "model"),
+    ({"input": "a" * 1_000_001}, 400, "input"),            # ServerLimits.max_prompt_chars, before tokenizing
+    ({"input": QUESTION, "priority": 1}, 400, "priority"),  # this server schedules first come, first served
+    ({"input": "a\ud800b"}, 400, "input"),                 # a lone surrogate is not text
 ])
 def test_invalid_requests_are_refused_naming_the_field(server, body, status, param):
-    r = httpx.post(f"{server[0]}/responses", json={"model": MODEL, **body}, timeout=60)
+    r = httpx.post(f"{server[0]}/responses", content=json.dumps({"model": MODEL, **body}), timeout=60,
+                   headers={"content-type": "application/json"})   # json.dumps escapes a lone surrogate, as JS does
     assert (r.status_code, r.json()["error"]["param"]) == (status, param), r.json()
 
 
@@ -198,12 +202,13 @@ def test_a_client_that_leaves_mid_stream_aborts_its_request(server):
         lines = r.iter_lines()
         while "response.output_text.delta" not in next(lines):
             pass
-    for _ in range(400):
-        if not engine.engine.has_unfinished_requests():
-            break
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        stats = engine.engine.kv_cache_stats()
+        if not engine.engine.has_unfinished_requests() and stats["free_blocks"] == stats["total_blocks"]:
+            return
         time.sleep(0.05)
-    stats = engine.engine.kv_cache_stats()
-    assert not engine.engine.has_unfinished_requests() and stats["free_blocks"] == stats["total_blocks"]
+    raise AssertionError(f"the request still runs, or holds blocks: {engine.engine.kv_cache_stats()}")
 
 
 def test_openapi_declares_the_route_its_fields_and_its_errors(server):
@@ -212,3 +217,29 @@ def test_openapi_declares_the_route_its_fields_and_its_errors(server):
     assert {"200", "400", "404"} <= set(operation["responses"]) and "422" not in operation["responses"]
     fields = schema["components"]["schemas"]["ResponsesRequest"]["properties"]
     assert {"input", "instructions", "max_output_tokens", "store", "tools", "previous_response_id"} <= set(fields)
+
+
+def test_a_stream_whose_engine_fails_ends_with_response_failed():
+    """The stream is already open (200) when the engine breaks: its last event says so, in the Responses shape."""
+    llm_engine = LLMEngine(dtype="float32", num_kv_blocks=64, block_size=16, max_num_seqs=1)
+    engine = AsyncLLMEngine(llm_engine)
+    thread = ServerThread(build_app(engine, MODEL))
+    url = thread.start()
+    body = {"model": MODEL, "input": "Count from one to one thousand in words.", "max_output_tokens": 300,
+            "temperature": 0, "stream": True}
+    try:
+        with httpx.stream("POST", f"{url}/responses", json=body, timeout=120) as r:
+            lines = r.iter_lines()
+            while "response.output_text.delta" not in next(lines):
+                pass
+            llm_engine.forward = lambda batch: 1 / 0   # every step fails from now on
+            data = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: ")]
+        failed = data[-1]
+        assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
+        assert failed["response"]["error"]["code"] == "server_error"
+        assert "ZeroDivisionError" in failed["response"]["error"]["message"]
+        numbers = [d["sequence_number"] for d in data]
+        assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+    finally:
+        thread.stop()
+        engine.shutdown()
