@@ -54,7 +54,7 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    # notebooks/06a_logprobs.ipynb, cell 32
+    # notebooks/06a_logprobs.ipynb, cell 38
     def prefix_hits(self, seq: Sequence) -> list[int]:
         """Cached blocks that hold the start of seq. The last token is never a hit: its logits are needed. Nor is any
         token of a sequence that still owes prompt logprobs: those need the logits of every prompt position."""

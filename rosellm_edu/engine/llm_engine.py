@@ -69,9 +69,11 @@ class LLMEngine:
                  kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
                  enforce_eager: bool = False, max_model_len: int | None = None, quantization: str | None = None,
-                 speculative_config: dict | None = None):
+                 scheduling_policy: str = "fcfs",
+                 prompt_logprobs_chunk: int = 512, speculative_config: dict | None = None):
         check_sizes(block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                    num_kv_blocks=num_kv_blocks, max_model_len=max_model_len)
+                    num_kv_blocks=num_kv_blocks, max_model_len=max_model_len,
+                    prompt_logprobs_chunk=prompt_logprobs_chunk)
         spec = None if speculative_config is None else SpeculativeConfig.from_dict(speculative_config)   # before loading
         self.load(model, dtype, device, quantization)
         if max_model_len is not None:   # a shorter context than the model's, as vLLM's max_model_len
@@ -84,7 +86,7 @@ class LLMEngine:
                                                        kv_cache_memory_bytes, gpu_memory_utilization)
         self.kv_cache = KVCache(config, num_blocks, block_size, self.dtype, self.device)
         self.scheduler = Scheduler(BlockManager(num_blocks, block_size, enable_prefix_caching), max_num_seqs,
-                                   max_num_batched_tokens)
+                                   max_num_batched_tokens, scheduling_policy, prompt_logprobs_chunk)
         self.runner = ModelRunner(self.model, self.kv_cache, max_num_seqs, self.max_model_len,
                                   enforce_eager=enforce_eager)
         # the sampler draws its noise where the logits are, so the generators live there too
@@ -135,8 +137,11 @@ class LLMEngine:
         seeded = None if params.seed is None else torch.Generator(self.device).manual_seed(params.seed)
         return Sequence(request_id, text, ids, params, generator=seeded)
 
-    # notebooks/04a_parallel_sampling.ipynb, cell 43
-    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
+    # notebooks/04a_parallel_sampling.ipynb, cell 46
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
+                    priority: int = 0) -> None:
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"request {request_id!r}: priority must be an integer, got {priority!r}")
         if self.scheduler.find(request_id) is not None or request_id in self.scheduler.parents:     # or its samples still run
             raise ValueError(f"request {request_id!r} is already running")
         seq = self.make_sequence(request_id, prompt, params)
@@ -150,9 +155,9 @@ class LLMEngine:
         if seq.params.n > self.scheduler.max_num_seqs:
             raise ValueError(f"request {request_id!r} asks for n={seq.params.n} samples but the engine runs at most "
                              f"max_num_seqs={self.scheduler.max_num_seqs} sequences at once")
-        self.scheduler.add(seq)
+        self.scheduler.add(seq, priority)
 
-    # notebooks/04a_parallel_sampling.ipynb, cell 43
+    # notebooks/04a_parallel_sampling.ipynb, cell 46
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Abort one request or several, all n samples of each; an unknown or finished id is ignored, as vLLM
         does: a caller racing the engine (a client leaving as its request finishes) must not crash it."""
@@ -227,7 +232,7 @@ class LLMEngine:
         requests' prompt tokens found cached) and resumed_hit_rate (the same for preempted sequences readmitted)."""
         return self.scheduler.block_manager.stats()
 
-    # notebooks/04a_parallel_sampling.ipynb, cell 40
+    # notebooks/04a_parallel_sampling.ipynb, cell 43
     def fork_samples(self, sampling: list[Sequence]) -> tuple[list[Sequence], list[int]]:
         """The sequences that sample this step, each followed by the samples it forks, and each one's logits row."""
         seqs, rows = [], []
@@ -237,7 +242,7 @@ class LLMEngine:
             rows += [row] * len(family)
         return seqs, rows
 
-    # notebooks/04a_parallel_sampling.ipynb, cell 40
+    # notebooks/04a_parallel_sampling.ipynb, cell 43
     def fork(self, seq: Sequence) -> list[Sequence]:
         """Samples 1..n-1 of seq's request, the first time seq samples; [] for every other sequence and step."""
         parent = self.scheduler.parents.get(seq.request_id)
@@ -250,7 +255,7 @@ class LLMEngine:
             self.scheduler.fork(seq, child)
         return children
 
-    # notebooks/04a_parallel_sampling.ipynb, cell 40
+    # notebooks/04a_parallel_sampling.ipynb, cell 43
     def request_outputs(self, seqs: list[Sequence]) -> list[RequestOutput]:
         """One RequestOutput per request that sampled: a request with n > 1 reports all its samples in one."""
         outputs = {}
@@ -269,9 +274,17 @@ class LLMEngine:
     # notebooks/06a_logprobs.ipynb, cell 19
     def with_text(self, logprobs: dict[int, Logprob]) -> dict[int, Logprob]:
         """Each entry's decoded_token: its id decoded alone."""
-        for entry, text in zip(logprobs.values(), self.tokenizer.batch_decode([[t] for t in logprobs])):
-            entry.decoded_token = text
-        return logprobs
+        return self.with_texts([logprobs])[0]
+
+    # notebooks/06a_logprobs.ipynb, cell 19
+    def with_texts(self, tables: list[dict[int, Logprob]]) -> list[dict[int, Logprob]]:
+        """with_text for many tables at once: one batch_decode of their distinct ids."""
+        ids = list({t for table in tables for t in table})
+        texts = dict(zip(ids, self.tokenizer.batch_decode([[t] for t in ids])))
+        for table in tables:
+            for t, entry in table.items():
+                entry.decoded_token = texts[t]
+        return tables
 
     # notebooks/06a_logprobs.ipynb, cell 22
     def check_params(self, request_id: str, params: SamplingParams) -> None:
@@ -285,17 +298,23 @@ class LLMEngine:
                 raise ValueError(f"request {request_id!r}: SamplingParams.{name} must be at most {MAX_LOGPROBS}, "
                                  f"got {getattr(params, name)}")
 
-    # notebooks/06a_logprobs.ipynb, cell 29
+    # notebooks/06a_logprobs.ipynb, cell 35
     def record_prompt_logprobs(self, batch: list[ScheduledSeq], owed: list[range], logits: torch.Tensor) -> None:
-        """logits (positions owed, V), in batch order: one table and one transfer for the whole step."""
+        """logits (positions owed, V), in batch order: the table in slices of prompt_logprobs_chunk rows, so that no
+        (positions, V) log-softmax is ever whole; one batch_decode for the step's texts."""
         targets = [s.seq.prompt_token_ids[p + 1] for s, span in zip(batch, owed) for p in span]
         num_top = max(s.seq.params.prompt_logprobs for s, span in zip(batch, owed) if span)
-        table = logprob_table(logits, torch.tensor(targets, device=logits.device), num_top).tolist()
-        done = 0
+        chunk, ids = self.scheduler.prompt_logprobs_chunk, torch.tensor(targets, device=logits.device)
+        table = [row for i in range(0, len(targets), chunk)                                  # (positions, 2 + 2 * top)
+                 for row in logprob_table(logits[i:i + chunk], ids[i:i + chunk], num_top).tolist()]
+        entries, done = [], 0                                      # (sequence, {id: Logprob}) per position
         for s, span in zip(batch, owed):
-            for row, token in zip(table[done:done + len(span)], targets[done:done + len(span)]):
-                s.seq.prompt_logprobs.append(self.with_text(logprob_dict(row, token, s.seq.params.prompt_logprobs)))
+            for row, t in zip(table[done:done + len(span)], targets[done:done + len(span)]):
+                entries.append((s.seq, logprob_dict(row, t, s.seq.params.prompt_logprobs)))
             done += len(span)
+        self.with_texts([logprobs for _, logprobs in entries])
+        for seq, logprobs in entries:
+            seq.prompt_logprobs.append(logprobs)
 
     # notebooks/12_speculative_decoding.ipynb, cell 55
     def make_proposer(self, spec: SpeculativeConfig, model: str | None):

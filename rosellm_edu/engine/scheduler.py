@@ -1,7 +1,9 @@
-# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/04a_parallel_sampling.ipynb, notebooks/12_speculative_decoding.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/04a_parallel_sampling.ipynb, notebooks/06a_logprobs.ipynb, notebooks/12_speculative_decoding.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
+import bisect
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -44,11 +46,17 @@ class Scheduler:
     """Picks each step's batch under a token budget: running sequences first (decodes and prefill chunks), then
     waiting ones while blocks and seats remain."""
 
-    # notebooks/04a_parallel_sampling.ipynb, cell 28
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
-        self.block_manager = block_manager
+    # notebooks/06a_logprobs.ipynb, cell 31
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 policy: str = "fcfs", prompt_logprobs_chunk: int = 512):
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {policy!r}")
+        self.block_manager, self.policy = block_manager, policy
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.waiting: deque[Sequence] = deque()
+        self.prompt_logprobs_chunk = prompt_logprobs_chunk     # the most prompt positions with logprobs per step
+        self.rank: dict[str, tuple[int, int]] = {}   # request id -> (priority, arrival): lower runs first
+        self.arrivals = itertools.count()
+        self.waiting = deque() if policy == "fcfs" else PriorityQueue(lambda seq: self.rank[seq.request_id])
         self.running: list[Sequence] = []
         self.requests: dict[str, Sequence] = {}    # every unfinished sequence, by request id
         self.num_computed: dict[str, int] = {}
@@ -57,7 +65,8 @@ class Scheduler:
         self.parents: dict[str, ParentRequest] = {}  # each sample of a request with n > 1 -> its request
 
     # notebooks/04a_parallel_sampling.ipynb, cell 28
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Sequence, priority: int = 0) -> None:
+        self.rank[seq.request_id] = (priority, next(self.arrivals))
         self.waiting.append(seq)
         self.requests[seq.request_id] = seq
         if seq.params.n > 1:
@@ -73,6 +82,7 @@ class Scheduler:
     def schedule(self, drafts: dict[str, list[int]] | None = None) -> list[ScheduledSeq]:
         """drafts[request_id], guesses after a decoding sequence's end, go with it when blocks and budget allow."""
         drafts = drafts or {}
+        self.make_way()                                                                       # "priority" only
         budget, batch, preemptions = self.max_num_batched_tokens, [], self.num_preemptions
         i = 0
         while i < len(self.running) and budget > 0:
@@ -80,7 +90,7 @@ class Scheduler:
             computed = self.num_computed[seq.request_id]
             scheduled = self.with_drafts(seq, computed, drafts.get(seq.request_id, []), budget)
             if scheduled is None:
-                n = min(len(seq) - computed, budget)
+                n = self.num_new(seq, computed, budget)
                 if not self.make_room(seq, computed, computed + n):                               # seq itself went
                     continue
                 scheduled = ScheduledSeq(seq, computed, n)
@@ -97,7 +107,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             self.num_computed[seq.request_id] = computed
-            n = min(len(seq) - computed, budget)
+            n = self.num_new(seq, computed, budget)
             batch.append(ScheduledSeq(seq, computed, n))
             budget -= n
         return batch
@@ -109,7 +119,7 @@ class Scheduler:
             self.num_computed[s.seq.request_id] = done
             self.block_manager.commit(s.seq, done)
 
-    # notebooks/04a_parallel_sampling.ipynb, cell 35
+    # notebooks/04a_parallel_sampling.ipynb, cell 38
     def remove(self, seq: Sequence) -> None:
         """Take a finished or aborted sequence out and free its KV blocks."""
         if seq.status == SequenceStatus.WAITING:
@@ -119,6 +129,7 @@ class Scheduler:
         del self.requests[seq.request_id]
         self.num_computed.pop(seq.request_id, None)
         self.preempted.discard(seq.request_id)
+        self.rank.pop(seq.request_id)
         self.block_manager.free(seq.request_id)
         parent = self.parents.get(seq.request_id)
         if parent is not None and not any(s.request_id in self.requests for s in parent.samples):  # its last sample
@@ -127,10 +138,10 @@ class Scheduler:
 
     # notebooks/04a_parallel_sampling.ipynb, cell 32
     def make_room(self, seq: Sequence, num_computed: int, num_tokens: int) -> bool:
-        """Preempt the newest running sequences until seq has blocks for num_tokens, and its own copy of any shared
-        block it writes from num_computed on; False if seq itself went."""
+        """Preempt running sequences (the newest, or the lowest ranked under "priority") until seq has blocks for
+        num_tokens, and its own copy of any shared block it writes from num_computed on; False if seq itself went."""
         while not self.block_manager.ensure(seq, num_computed, num_tokens):
-            victim = self.running[-1]
+            victim = self.victim()
             self.preempt(victim)
             if victim is seq:
                 return False
@@ -155,6 +166,7 @@ class Scheduler:
         self.running.append(child)
         self.requests[child.request_id] = child
         self.num_computed[child.request_id] = self.num_computed[seq.request_id]
+        self.rank[child.request_id] = self.rank[seq.request_id]
         parent = self.parents[seq.request_id]
         parent.samples.append(child)
         self.parents[child.request_id] = parent
@@ -165,13 +177,48 @@ class Scheduler:
         parent = self.parents.get(seq.request_id)
         return 1 if parent is None or parent.forked else parent.n
 
-    # notebooks/04a_parallel_sampling.ipynb, cell 36
+    # notebooks/04a_parallel_sampling.ipynb, cell 35
+    def victim(self) -> Sequence:
+        """Whom to preempt: the newest running sequence; under "priority", the lowest ranked (the newest of those)."""
+        if self.policy == "fcfs":
+            return self.running[-1]
+        return max(reversed(self.running), key=lambda s: self.rank[s.request_id])
+
+    # notebooks/04a_parallel_sampling.ipynb, cell 35
+    def make_way(self) -> None:
+        """Under "priority": while the first waiting sequence lacks seats or blocks for its prompt, preempt the lowest
+        ranked running sequence, as long as it ranks below the waiting one."""
+        if self.policy != "priority" or not self.waiting:
+            return
+        seq = self.waiting[0]
+        while self.running and not self.fits(seq):
+            victim = self.victim()
+            if self.rank[victim.request_id] <= self.rank[seq.request_id]:
+                return
+            self.preempt(victim)
+
+    # notebooks/04a_parallel_sampling.ipynb, cell 35
+    def fits(self, seq: Sequence) -> bool:
+        """Seats for seq's samples and free blocks for its whole prompt (prefix-cache hits not counted)."""
+        blocks = self.block_manager.blocks_needed(len(seq)) <= len(self.block_manager.free_blocks)
+        return blocks and len(self.running) + self.seats(seq) <= self.max_num_seqs
+
+    # notebooks/04a_parallel_sampling.ipynb, cell 39
     def abort(self, request_id: str) -> None:
         """Take out an unfinished request: every sample of one with n > 1. Unknown or finished: nothing to do."""
         parent = self.parents.get(request_id)
         for seq in parent.samples if parent else [self.requests.get(request_id)]:
             if seq is not None and self.requests.get(seq.request_id) is seq:
                 self.remove(seq)
+
+    # notebooks/06a_logprobs.ipynb, cell 28
+    def num_new(self, seq: Sequence, computed: int, budget: int) -> int:
+        """Positions seq computes this step: the rest of it, within the budget; while seq owes prompt logprobs, at most
+        prompt_logprobs_chunk of them."""
+        n = min(len(seq) - computed, budget)
+        if seq.prompt_logprobs is not None and computed < len(seq.prompt_token_ids) - 1:
+            n = min(n, self.prompt_logprobs_chunk)
+        return n
 
     # notebooks/12_speculative_decoding.ipynb, cell 24
     def with_drafts(self, seq: Sequence, computed: int, drafts: list[int], budget: int) -> ScheduledSeq | None:
@@ -191,3 +238,32 @@ class Scheduler:
         self.num_computed[seq.request_id] += num_accepted
         self.block_manager.commit(seq, self.num_computed[seq.request_id])     # full blocks of accepted tokens only
         self.block_manager.trim(seq.request_id, len(seq))
+
+
+# notebooks/04a_parallel_sampling.ipynb, cell 34
+class PriorityQueue:
+    """The waiting queue under "priority", kept in key order. A preempted sequence goes back to its place, not to
+    the front: appendleft is append."""
+
+    def __init__(self, key):
+        self.key, self.items = key, []
+
+    def append(self, seq: Sequence) -> None:
+        bisect.insort(self.items, seq, key=self.key)           # after those of an equal key
+
+    appendleft = append
+
+    def popleft(self) -> Sequence:
+        return self.items.pop(0)
+
+    def remove(self, seq: Sequence) -> None:
+        self.items.remove(seq)
+
+    def __getitem__(self, i: int) -> Sequence:
+        return self.items[i]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self):
+        return iter(self.items)
