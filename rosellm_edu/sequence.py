@@ -35,8 +35,8 @@ class Sequence:
 
     # notebooks/06_fast_sampling.ipynb, cell 49
     def __post_init__(self):
-        # the text so far, grown token by token
-        self.detokenizer = DecodeStream(skip_special_tokens=self.params.skip_special_tokens)
+        self.detokenizer: DecodeStream | None = None   # grows the text token by token, from the first one on
+        self.held = range(0)                               # positions whose bytes the stream still holds
         asked = self.params.return_sampling_mask
         self.sampling_mask: list[list[int]] | None = [] if asked else None   # kept ids per token, when asked
         self.sampling_logz: list[float] | None = [] if asked else None
@@ -86,17 +86,39 @@ class Sequence:
         elif may_stop and token in self.params.stop_token_ids:
             self.finish("stop", token)
         if self.finished:                             # the stop token's text stays out unless asked for
-            keep = self.params.include_stop_str_in_output
-            self.text = self._decode(tokenizer, self.output_token_ids if keep else self.output_token_ids[:-1])
+            if self.params.include_stop_str_in_output:
+                self._step_text(tokenizer, token)
+            self._settle(tokenizer)
             return
         searched = len(self.text)
-        self.text += self.detokenizer.step(tokenizer.backend_tokenizer, token) or ""   # None: bytes held back
+        self._step_text(tokenizer, token)
         if may_stop and self._cut_stop_string(searched):
             return                                    # the text is cut at the stop string
         room = self.params.max_tokens if self.params.max_tokens is not None else max_model_len
         if len(self.output_token_ids) >= room or len(self) >= max_model_len:
             self.finish("length")
-            self.text = self._decode(tokenizer, self.output_token_ids)   # settle bytes the stream still holds
+            self._settle(tokenizer)
+
+    # notebooks/01_token_generation.ipynb, cell 30
+    def _step_text(self, tokenizer, token: int) -> None:
+        """Append the new characters of token, the last one appended; None from the stream: it holds the bytes."""
+        if self.detokenizer is None:
+            self.detokenizer = DecodeStream(ids=prompt_tail(self.prompt_token_ids, tokenizer),
+                                            skip_special_tokens=self.params.skip_special_tokens)
+        text = self.detokenizer.step(tokenizer.backend_tokenizer, token)
+        self.held = range(0) if text is not None else range(self.held.start if self.held else len(self) - 1, len(self))
+        self.text += text or ""
+
+    # notebooks/01_token_generation.ipynb, cell 30
+    def _settle(self, tokenizer) -> None:
+        """At the end, append the text of the bytes the stream still holds (a "\ufffd" per broken character),
+        decoded after the tokens before them."""
+        if self.held:
+            ids = self.token_ids
+            before = ids[max(0, self.held.start - PRIMING_TOKENS.start):self.held.start]
+            whole = self._decode(tokenizer, before + ids[self.held.start:self.held.stop])
+            self.text += whole[len(self._decode(tokenizer, before)):]
+            self.held = range(0)
 
     # notebooks/01_token_generation.ipynb, cell 30
     def _decode(self, tokenizer, token_ids: list[int]) -> str:
@@ -137,6 +159,17 @@ class Sequence:
         if start >= prompt_len:
             return self.output_token_ids[start - prompt_len:end - prompt_len]
         return self.prompt_token_ids[start:] + self.output_token_ids[:end - prompt_len]
+
+
+# notebooks/01_token_generation.ipynb, cell 30
+PRIMING_TOKENS = range(4, 25)   # the lengths of prompt tail tried to prime the detokenizer with (vLLM's)
+
+
+# notebooks/01_token_generation.ipynb, cell 30
+def prompt_tail(prompt_token_ids: list[int], tokenizer) -> list[int]:
+    """The shortest tail of the prompt (4 tokens or more) that decodes to whole characters; [] if none does."""
+    tails = [prompt_token_ids[-n:] for n in PRIMING_TOKENS if n <= len(prompt_token_ids)] or [prompt_token_ids]
+    return next((tail for tail in tails if "\ufffd" not in tokenizer.decode(tail)), [])
 
 
 # notebooks/06_fast_sampling.ipynb, cell 49
