@@ -81,22 +81,29 @@ def build_app(engine: AsyncLLMEngine, model_name: str, *, api_key: str | None = 
     return app
 
 
-# notebooks/07a_server_hardening.ipynb, cell 57
+# notebooks/07_serving.ipynb, cell 61
 @router.get("/health", response_class=Response,
-            responses={200: {"description": "the engine loop runs, and no step is stuck"}, 503: ERRORS[503]})
+            responses={200: {"description": "the engine loop runs"}, 503: ERRORS[503]})
 async def health(raw: Request) -> Response:
-    """200 while the engine loop runs and no step has run longer than max_step_seconds; otherwise 503, so that a
-    load balancer stops sending and an orchestrator restarts the server."""
-    engine, limit = raw.app.state.engine, raw.app.state.limits.max_step_seconds
-    running = engine.step_running_for()
-    if engine.errored is not None:
-        message = str(engine.errored)
-    elif running > limit:
-        message = (f"the engine's step has run for {running:.1f} s, longer than max_step_seconds={limit:g} "
-                   "(rosellm-edu serve --max-step-seconds)")
-    else:
+    """200 while the engine can serve; 503 saying why not, so that a load balancer stops sending."""
+    problem = engine_problem(raw.app.state)
+    if problem is None:
         return Response(status_code=200)
-    return OpenAIError(503, message, type="server_error").response()
+    return OpenAIError(503, problem, type="server_error").response()
+
+
+# notebooks/07a_server_hardening.ipynb, cell 57
+def engine_problem(state) -> str | None:
+    """Why the engine cannot serve, or None: a loop that stopped, or a step running longer than max_step_seconds
+    (the heartbeat: a hung step raises nothing, so only its duration can tell)."""
+    engine, limit = state.engine, state.limits.max_step_seconds
+    if engine.errored is not None:
+        return str(engine.errored)
+    running = engine.step_running_for()
+    if running > limit:
+        return (f"the engine's step has run for {running:.1f} s, longer than max_step_seconds={limit:g} "
+                "(rosellm-edu serve --max-step-seconds)")
+    return None
 
 
 # notebooks/07_serving.ipynb, cell 61
