@@ -112,6 +112,13 @@ def test_every_limit_has_a_flag_and_a_default():
         ServerLimits(max_n=0)
 
 
+def test_the_stream_buffer_has_a_flag():
+    assert serve_args([]).max_buffered_outputs == 1024
+    assert serve_args(["--max-buffered-outputs", "8"]).max_buffered_outputs == 8
+    with pytest.raises(SystemExit):
+        serve_args(["--max-buffered-outputs", "0"])
+
+
 @pytest.mark.parametrize("path,body,param,flag", [
     ("/v1/completions", {"prompt": "Hi " * 700}, "prompt", "--max-prompt-chars"),
     ("/v1/completions", {"prompt": ["Hi " * 400, "Ho " * 400]}, "prompt", "--max-prompt-chars"),

@@ -341,7 +341,8 @@ class AsyncLLMEngine:
                                stream.request_id, stream.outputs.maxsize)
                 self._send_abort([stream.request_id])
                 item = RequestFailedError(f"{stream.outputs.maxsize} outputs waited unread "
-                                          "(max_buffered_outputs): the client reads too slowly")
+                                          "(max_buffered_outputs, rosellm-edu serve --max-buffered-outputs): "
+                                          "the client reads too slowly")
             while not stream.outputs.empty():   # the error goes first: what was not read is dropped
                 stream.outputs.get_nowait()
         stream.closed = isinstance(item, Exception)

@@ -52,7 +52,12 @@ def serve_args(argv: list[str]) -> argparse.Namespace:
                         help="threads tokenizing requests of ordinary size (large ones have a lane of their own)")
     parser.add_argument("--max-step-seconds", type=float, default=limits.max_step_seconds,
                         help="/health answers 503 while an engine step has run longer than this")
-    return parser.parse_args(argv)
+    parser.add_argument("--max-buffered-outputs", type=int, default=1024,
+                        help="outputs a stream may hold unread; a client that stops reading past this is aborted")
+    args = parser.parse_args(argv)
+    if args.max_buffered_outputs < 1:
+        parser.error(f"--max-buffered-outputs must be positive, got {args.max_buffered_outputs}")
+    return args
 
 
 def server_limits(args: argparse.Namespace):
@@ -85,7 +90,7 @@ def serve(argv: list[str]) -> None:
     from rosellm_edu.model_loader import EMBEDDED_NAME
 
     limits = server_limits(args)   # refused here, before the model loads, if a limit is not positive
-    engine = AsyncLLMEngine(build_engine(args))
+    engine = AsyncLLMEngine(build_engine(args), max_buffered_outputs=args.max_buffered_outputs)
     name = args.served_model_name or args.model or EMBEDDED_NAME
     print(f"serving {name!r} at http://{args.host}:{args.port}/v1"
           f"{' (a key required on /v1)' if args.api_key else ''}", flush=True)
