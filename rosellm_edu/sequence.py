@@ -8,6 +8,7 @@ from enum import Enum
 import torch
 from tokenizers.decoders import DecodeStream
 
+from rosellm_edu.layers.logits_processors import ProcessorState
 from rosellm_edu.outputs import CompletionOutput, Logprob, RequestOutput
 from rosellm_edu.sampling_params import SamplingParams
 
@@ -37,6 +38,7 @@ class Sequence:
     def __post_init__(self):
         self.detokenizer: DecodeStream | None = None   # grows the text token by token, from the first one on
         self.held = range(0)                               # positions whose bytes the stream still holds
+        self.processors: ProcessorState | None = None      # the engine's, when the request uses a processor
         asked = self.params.return_sampling_mask
         self.sampling_mask: list[list[int]] | None = [] if asked else None   # kept ids per token, when asked
         self.sampling_logz: list[float] | None = [] if asked else None

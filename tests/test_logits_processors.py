@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from transformers import (MinNewTokensLengthLogitsProcessor, MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
                           SequenceBiasLogitsProcessor)
 
-from rosellm_edu.layers.logits_processors import apply_logits_processors, token_counts
+from rosellm_edu.layers.logits_processors import (ProcessorState, apply_kept_processors, apply_logits_processors,
+                                                  token_counts)
 from rosellm_edu.layers.sampler import apply_min_p, filtered_logits
 from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.sequence import Sequence
@@ -282,3 +283,88 @@ def test_llm_generate_a_penalized_row_beside_plain_ones_equals_transformers(hf_m
         expected = hf_model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
                                      repetition_penalty=p.repetition_penalty, pad_token_id=0)[0, len(prompt):]
         assert out.outputs[0].token_ids == expected.tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(flags=st.lists(st.lists(st.booleans(), min_size=5, max_size=5), min_size=1, max_size=5),
+       prompts=st.lists(ids.filter(bool), min_size=5, max_size=5),
+       steps=st.lists(st.lists(st.tuples(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=3),
+                                         st.lists(st.integers(0, VOCAB - 1), max_size=3)), min_size=5, max_size=5),
+                      max_size=6), seed=seeds)
+def test_kept_state_equals_a_plain_recomputation_from_the_token_lists(flags, prompts, steps, seed):
+    """Each sequence's ProcessorState, built once and used step after step while its output grows (by one token,
+    or a few accepted drafts), gives the logits that apply_logits_processors computes from the whole lists,
+    drafts included: row j of a sequence sees its first j drafts as output."""
+    params = [row_params(f) for f in flags]
+    states = [ProcessorState.build(p, prompts[i], VOCAB, torch.device("cpu")) for i, p in enumerate(params)]
+    outputs = [[] for _ in params]
+    for n, step in enumerate(steps):
+        drafts = [d for _, d in step[:len(params)]]
+        rows = [i for i, d in enumerate(drafts) for _ in range(1 + len(d))]
+        drafted = [d[:j] for d in drafts for j in range(1 + len(d))]
+        logits = logits_rows(len(rows), seed + n)
+        kept = apply_kept_processors(logits, [params[i] for i in rows], [states[i] for i in rows],
+                                     [outputs[i] for i in rows], EOS, drafted)
+        rebuilt = apply_logits_processors(logits, [params[i] for i in rows], [prompts[i] for i in rows],
+                                          [outputs[i] + d for i, d in zip(rows, drafted)], EOS)
+        assert torch.equal(kept, rebuilt)
+        assert (kept is logits) == (rebuilt is logits)
+        for out, (appended, _) in zip(outputs, step):
+            out += appended
+    for state, p in zip(states, params):
+        assert (state is None) == (p.repetition_penalty == 1 and p.presence_penalty == 0
+                                   and p.frequency_penalty == 0 and not p.logit_bias)
+
+
+def test_a_state_is_built_once_and_counts_only_the_new_tokens():
+    state = ProcessorState.build(SamplingParams(frequency_penalty=0.5, logit_bias={3: 1.0}), [1, 2], VOCAB,
+                                 torch.device("cpu"))
+    output = [5, 5]
+    state.count(output)
+    output += [7]
+    state.count(output)
+    state.count(output)                        # twice in one step (rows of one sequence): counted once
+    expected = torch.zeros(VOCAB)
+    expected[5], expected[7] = 2, 1
+    assert torch.equal(state.output_counts, expected) and state.counted == 3
+    assert state.prompt_mask is None           # only the repetition penalty reads the prompt
+
+
+def test_the_engines_kept_states_equal_a_recomputation_with_drafts_forks_and_preemption(monkeypatch):
+    """Every step of a speculating engine short of KV blocks: the logits its kept states give equal those
+    apply_logits_processors computes from each row's prompt and whole output (drafts included), for samples
+    forked from a parent (n > 1) and for sequences preempted and resumed."""
+    from rosellm_edu.engine import llm_engine
+    from rosellm_edu.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(dtype="float32", block_size=4, num_kv_blocks=20, max_num_seqs=5,
+                       speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                                           "prompt_lookup_max": 3})
+    seen = {"steps": 0, "drafted": 0}
+
+    def checked(logits, params, states, output_ids, eos_token_ids, drafted=None):
+        prompts = {id(s.output_token_ids): s.prompt_token_ids for s in engine.scheduler.running}
+        rebuilt = apply_logits_processors(logits, params, [prompts[id(out)] for out in output_ids],
+                                          [out + d for out, d in zip(output_ids, drafted or [[]] * len(params))],
+                                          eos_token_ids)
+        kept = kept_processors(logits, params, states, output_ids, eos_token_ids, drafted)
+        assert torch.equal(kept, rebuilt)
+        seen["steps"] += 1
+        seen["drafted"] += sum(map(len, drafted or []))
+        return kept
+
+    kept_processors = llm_engine.apply_kept_processors
+    monkeypatch.setattr(llm_engine, "apply_kept_processors", checked)
+    prompt = "one two three one two three one two three one two"
+    requests = [SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.2, ignore_eos=True),
+                SamplingParams(n=2, seed=1, max_tokens=12, frequency_penalty=0.7, presence_penalty=-0.3,
+                               ignore_eos=True),
+                SamplingParams(temperature=0, max_tokens=10, logit_bias={t: -30.0 for t in range(200, 900)},
+                               min_tokens=8),
+                SamplingParams(temperature=0, max_tokens=10)]
+    for i, params in enumerate(requests):
+        engine.add_request(str(i), prompt, params)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert seen["steps"] and seen["drafted"], seen
+    assert engine.scheduler.num_preemptions

@@ -13,7 +13,7 @@ from rosellm_edu.engine.kv_cache import KVCache, blocks_in_budget
 from rosellm_edu.engine.model_runner import ModelRunner, table_rows
 from rosellm_edu.engine.parallel_sampling import child_id, sample_params
 from rosellm_edu.engine.scheduler import ScheduledSeq, Scheduler
-from rosellm_edu.layers.logits_processors import apply_logits_processors
+from rosellm_edu.layers.logits_processors import ProcessorState, apply_kept_processors
 from rosellm_edu.layers.sampler import logprob_dict, logprob_table, sample
 from rosellm_edu.model_loader import load_model, load_tokenizer, resolve_model
 from rosellm_edu.outputs import Logprob, RequestOutput
@@ -135,7 +135,9 @@ class LLMEngine:
         params = params or SamplingParams()
         self.check_params(request_id, params)
         seeded = None if params.seed is None else torch.Generator(self.device).manual_seed(params.seed)
-        return Sequence(request_id, text, ids, params, generator=seeded)
+        seq = Sequence(request_id, text, ids, params, generator=seeded)
+        seq.processors = ProcessorState.build(params, ids, self.vocab_size, self.device)   # once (appendix 01a)
+        return seq
 
     # notebooks/04a_parallel_sampling.ipynb, cell 46
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
@@ -213,10 +215,10 @@ class LLMEngine:
         """For each sequence, from its 1 + len(drafts) rows of logits: the accepted drafts and one token after them, each
         as (token, mask, logZ, logprobs). All rows in one sampler call, one device->host transfer."""
         row_seqs = [seq for seq, d in zip(seqs, drafts) for _ in range(1 + len(d))]
-        histories = [seq.output_token_ids + d[:j] for seq, d in zip(seqs, drafts) for j in range(1 + len(d))]
+        drafted = [d[:j] for d in drafts for j in range(1 + len(d))]                 # the drafts before each row
         params = [seq.params for seq in row_seqs]
-        processed = apply_logits_processors(logits, params, [s.prompt_token_ids for s in row_seqs], histories,
-                                            self.eos_token_ids)
+        processed = apply_kept_processors(logits, params, [s.processors for s in row_seqs],
+                                          [s.output_token_ids for s in row_seqs], self.eos_token_ids, drafted)
         out = sample(processed, params, [s.generator for s in row_seqs], self.generator, raw_logits=logits)
         picked, row = [], 0
         for draft in drafts:
