@@ -147,13 +147,19 @@ def test_no_device_to_host_sync_on_a_gpu():
               row_params([True, False, False, True, False])]
     prompts, outputs = [[1, 2]] * 4, [[5, 5, 6]] * 4
     expected = apply_logits_processors(logits.cpu(), params, prompts, outputs, EOS)
+    states = [ProcessorState.build(p, prompt, VOCAB, logits.device) for p, prompt in zip(params, prompts)]
+    drafted = [[], [7], [7, 8], []]
+    expected_kept = apply_logits_processors(logits.cpu(), params, prompts,
+                                            [out + d for out, d in zip(outputs, drafted)], EOS)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         got = apply_logits_processors(logits, params, prompts, outputs, EOS)
+        kept = apply_kept_processors(logits, params, states, outputs, EOS, drafted)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.testing.assert_close(got.cpu(), expected)
+    torch.testing.assert_close(kept.cpu(), expected_kept)
 
 
 @pytest.mark.parametrize("field,value", [
