@@ -11,7 +11,7 @@ from rosellm_edu.outputs import RequestOutput
 from rosellm_edu.sampling_params import SamplingParams
 
 
-# notebooks/01_token_generation.ipynb, cell 41
+# notebooks/01_token_generation.ipynb, cell 42
 class LLM:
     def __init__(self, model: str | None = None, **engine_kwargs):
         self.llm_engine = LLMEngine(model, **engine_kwargs)
@@ -37,7 +37,7 @@ class LLM:
                         bar.update()
         return [finished[r] for r in request_ids]
 
-    # notebooks/01_token_generation.ipynb, cell 43
+    # notebooks/01_token_generation.ipynb, cell 44
     def _add_all(self, request_ids, prompts, params) -> None:
         """Add every request, or none: a bad prompt aborts the ones already added."""
         for i, (request_id, prompt, p) in enumerate(zip(request_ids, prompts, params)):

@@ -111,7 +111,7 @@ class Sequence:
         self.held = range(0) if text is not None else range(self.held.start if self.held else len(self) - 1, len(self))
         self.text += text or ""
 
-    # notebooks/01_token_generation.ipynb, cell 30
+    # notebooks/01_token_generation.ipynb, cell 31
     def _settle(self, tokenizer) -> None:
         """At the end, append the text of the bytes the stream still holds (a "\ufffd" per broken character),
         decoded after the tokens before them."""
@@ -122,11 +122,11 @@ class Sequence:
             self.text += whole[len(self._decode(tokenizer, before)):]
             self.held = range(0)
 
-    # notebooks/01_token_generation.ipynb, cell 30
+    # notebooks/01_token_generation.ipynb, cell 31
     def _decode(self, tokenizer, token_ids: list[int]) -> str:
         return tokenizer.decode(token_ids, skip_special_tokens=self.params.skip_special_tokens)
 
-    # notebooks/01_token_generation.ipynb, cell 30
+    # notebooks/01_token_generation.ipynb, cell 31
     def _cut_stop_string(self, searched: int = 0) -> bool:
         """Cut the text at the earliest stop string that ends after text[:searched] (already searched)."""
         hits = [(i, s) for s in self.params.stop if (i := self.text.find(s, max(0, searched - len(s) + 1))) >= 0]
@@ -167,7 +167,7 @@ class Sequence:
 PRIMING_TOKENS = range(4, 25)   # the lengths of prompt tail tried to prime the detokenizer with (vLLM's)
 
 
-# notebooks/01_token_generation.ipynb, cell 30
+# notebooks/01_token_generation.ipynb, cell 31
 def prompt_tail(prompt_token_ids: list[int], tokenizer) -> list[int]:
     """The shortest tail of the prompt (4 tokens or more) that decodes to whole characters; [] if none does."""
     tails = [prompt_token_ids[-n:] for n in PRIMING_TOKENS if n <= len(prompt_token_ids)] or [prompt_token_ids]

@@ -20,7 +20,7 @@ from rosellm_edu.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 
-# notebooks/07_serving.ipynb, cell 16
+# notebooks/07_serving.ipynb, cell 17
 @dataclass
 class _Add:
     request_id: str
@@ -34,13 +34,13 @@ class _Add:
     closed: bool = False              # an error is queued, the stream's last item: nothing more goes in
 
 
-# notebooks/07_serving.ipynb, cell 16
+# notebooks/07_serving.ipynb, cell 17
 @dataclass
 class _Abort:
     request_ids: list[str]
 
 
-# notebooks/07_serving.ipynb, cell 16
+# notebooks/07_serving.ipynb, cell 17
 @dataclass
 class _Call:   # run fn(engine) in the engine thread, between steps
     fn: Callable
@@ -48,21 +48,21 @@ class _Call:   # run fn(engine) in the engine thread, between steps
     done: asyncio.Future
 
 
-# notebooks/07_serving.ipynb, cell 16
+# notebooks/07_serving.ipynb, cell 17
 _STOP = object()
 
 
-# notebooks/07_serving.ipynb, cell 17
+# notebooks/07_serving.ipynb, cell 18
 class RequestFailedError(RuntimeError):
     """The engine could not finish this request (its step failed); the other requests go on."""
 
 
-# notebooks/07_serving.ipynb, cell 17
+# notebooks/07_serving.ipynb, cell 18
 class EngineDeadError(RuntimeError):
     """The engine loop itself stopped: every open stream, and every request after it, gets this."""
 
 
-# notebooks/07_serving.ipynb, cell 19
+# notebooks/07_serving.ipynb, cell 20
 class AsyncLLMEngine:
     """An engine stepping in its own thread; callers in any event loop add requests and await their outputs.
 
@@ -87,6 +87,7 @@ class AsyncLLMEngine:
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
+    # notebooks/07_serving.ipynb, cell 21
     async def add_request(self, request_id: str, prompt: str | dict, params: SamplingParams,
                           priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Add a request and return the stream of its outputs, each holding only what is new (vLLM's
@@ -102,12 +103,13 @@ class AsyncLLMEngine:
             raise
         return self._outputs(request_id, command.outputs)
 
+    # notebooks/07_serving.ipynb, cell 21
     async def generate(self, prompt: str | dict, params: SamplingParams, request_id: str,
                        priority: int = 0) -> AsyncIterator[RequestOutput]:
         async for out in await self.add_request(request_id, prompt, params, priority):
             yield out
 
-    # notebooks/07_serving.ipynb, cell 21
+    # notebooks/07_serving.ipynb, cell 23
     async def _outputs(self, request_id: str, outputs: asyncio.Queue) -> AsyncIterator[RequestOutput]:
         finished = False
         try:
@@ -122,24 +124,24 @@ class AsyncLLMEngine:
             if not finished:   # the caller stopped listening (a client went away): free its KV blocks
                 self._send_abort([request_id])
 
-    # notebooks/07_serving.ipynb, cell 21
+    # notebooks/07_serving.ipynb, cell 23
     async def abort(self, request_id: str | Iterable[str]) -> None:
         """Abort requests; unknown and finished ids are ignored (awaitable, as vLLM's AsyncLLM.abort)."""
         self._send_abort([request_id] if isinstance(request_id, str) else list(request_id))
 
-    # notebooks/07_serving.ipynb, cell 21
+    # notebooks/07_serving.ipynb, cell 23
     def _send_abort(self, request_ids: list[str]) -> None:
         if self.errored is None:   # a dead engine holds no request
             self._commands.put(_Abort(request_ids))
 
-    # notebooks/07_serving.ipynb, cell 22
+    # notebooks/07_serving.ipynb, cell 24
     def _send(self, command) -> None:
         with self._lock:
             if self.errored is not None:
                 raise self.errored
             self._commands.put(command)
 
-    # notebooks/07_serving.ipynb, cell 22
+    # notebooks/07_serving.ipynb, cell 24
     async def call(self, fn: Callable):
         """fn(engine), run in the engine thread between two steps: the one safe way to read the engine."""
         loop = asyncio.get_running_loop()
@@ -147,18 +149,18 @@ class AsyncLLMEngine:
         self._send(command)
         return await command.done
 
-    # notebooks/07_serving.ipynb, cell 22
+    # notebooks/07_serving.ipynb, cell 24
     def step_running_for(self) -> float:
         """Seconds the running step has taken so far, 0.0 between steps: the heartbeat that /health checks."""
         start = self._step_start   # read once: the engine thread clears it when the step ends
         return 0.0 if start is None else time.perf_counter() - start
 
-    # notebooks/07_serving.ipynb, cell 22
+    # notebooks/07_serving.ipynb, cell 24
     def shutdown(self) -> None:
         self._commands.put(_STOP)
         self._thread.join()
 
-    # notebooks/07_serving.ipynb, cell 24
+    # notebooks/07_serving.ipynb, cell 26
     def _run(self) -> None:
         try:
             while True:
@@ -177,14 +179,14 @@ class AsyncLLMEngine:
         except BaseException as e:   # the loop itself broke: no caller may be left waiting on it
             self._die(e if isinstance(e, EngineDeadError) else EngineDeadError(f"the engine loop stopped: {e!r}"))
 
-    # notebooks/07_serving.ipynb, cell 24
+    # notebooks/07_serving.ipynb, cell 27
     def _publish_stats(self) -> None:
         """Replace `stats` whole, so that a reader in another thread sees one moment's numbers, never half of two."""
         scheduler = self.engine.scheduler
         self.stats = {"running": len(scheduler.running), "waiting": len(scheduler.waiting),
                       **self.engine.kv_cache_stats()}
 
-    # notebooks/07_serving.ipynb, cell 24
+    # notebooks/07_serving.ipynb, cell 27
     def _die(self, error: EngineDeadError) -> None:
         """Errored for good: fail every open stream and every command not yet applied, refuse what comes after."""
         with self._lock:
@@ -198,7 +200,7 @@ class AsyncLLMEngine:
             _post(stream.loop, self._hand_over, stream, error)
         self._streams.clear()
 
-    # notebooks/07_serving.ipynb, cell 26
+    # notebooks/07_serving.ipynb, cell 29
     def _apply(self, command) -> None:
         if isinstance(command, _Abort):
             for request_id in command.request_ids:
@@ -218,7 +220,7 @@ class AsyncLLMEngine:
             self._streams[command.request_id] = command
             _post(command.loop, _settle, command.added, None)
 
-    # notebooks/07_serving.ipynb, cell 26
+    # notebooks/07_serving.ipynb, cell 29
     def _step(self) -> None:
         alone = self._next_suspect()   # a request to run alone, after a failed step; None: a normal step
         start = self._step_start = time.perf_counter()
@@ -235,7 +237,7 @@ class AsyncLLMEngine:
         for out in outputs:
             self._deliver(out)
 
-    # notebooks/07_serving.ipynb, cell 28
+    # notebooks/07_serving.ipynb, cell 31
     def _step_failed(self, alone: str | None, error: Exception) -> None:
         """Several requests ran: each runs alone next. One ran (alone or not): it is the cause, and it fails."""
         ran = self._put_back() or self._owners(self.engine.scheduler.waiting)   # none admitted: suspect the queue
@@ -255,20 +257,20 @@ class AsyncLLMEngine:
                                   f"{error!r}") from error
         self._suspects.appendleft(self._add_probe())   # the request's fault or the engine's? A probe runs next
 
-    # notebooks/07_serving.ipynb, cell 28
+    # notebooks/07_serving.ipynb, cell 31
     def _add_probe(self) -> str:
         """A request that cannot be at fault: one token after a one-token prompt."""
         request_id = f"engine-probe-{next(self._probe_ids)}"
         self.engine.add_request(request_id, {"prompt_token_ids": [0]}, SamplingParams(temperature=0, max_tokens=1))
         return request_id
 
-    # notebooks/07_serving.ipynb, cell 28
+    # notebooks/07_serving.ipynb, cell 31
     def _next_suspect(self) -> str | None:
         while self._suspects and not self._holds(self._suspects[0]):
             self._suspects.popleft()   # aborted meanwhile
         return self._suspects[0] if self._suspects else None
 
-    # notebooks/07_serving.ipynb, cell 29
+    # notebooks/07_serving.ipynb, cell 32
     def _put_back(self) -> list[str]:
         """After a failed step: the requests that were running, now waiting again (their KV to be recomputed).
         A sequence the step finished is removed and its output delivered, as the step would have done."""
@@ -282,7 +284,7 @@ class AsyncLLMEngine:
             self._deliver(out)
         return [request_id for request_id in ran if self._holds(request_id)]
 
-    # notebooks/07_serving.ipynb, cell 29
+    # notebooks/07_serving.ipynb, cell 32
     def _step_alone(self, request_id: str) -> list[RequestOutput]:
         """One step of request_id's sequences only: the others running wait again, and the queue is hidden."""
         scheduler = self.engine.scheduler
@@ -298,21 +300,21 @@ class AsyncLLMEngine:
             for seq in hidden:
                 scheduler.waiting.append(seq)
 
-    # notebooks/07_serving.ipynb, cell 29
+    # notebooks/07_serving.ipynb, cell 33
     def _owner(self, seq) -> str:
         """The request a sequence belongs to (a sample of a request with n > 1 answers for its request)."""
         parent = self.engine.scheduler.parents.get(seq.request_id)
         return seq.request_id if parent is None else parent.request_id
 
-    # notebooks/07_serving.ipynb, cell 29
+    # notebooks/07_serving.ipynb, cell 33
     def _owners(self, seqs) -> list[str]:
         return list(dict.fromkeys(self._owner(seq) for seq in seqs))   # in order, each once
 
-    # notebooks/07_serving.ipynb, cell 29
+    # notebooks/07_serving.ipynb, cell 33
     def _holds(self, request_id: str) -> bool:
         return self.engine.scheduler.find(request_id) is not None or request_id in self.engine.scheduler.parents
 
-    # notebooks/07_serving.ipynb, cell 31
+    # notebooks/07_serving.ipynb, cell 35
     def _fail(self, request_ids: list[str], error: Exception) -> None:
         self.engine.abort_request(request_ids)
         for request_id in request_ids:
@@ -320,7 +322,7 @@ class AsyncLLMEngine:
             if stream is not None:
                 _post(stream.loop, self._hand_over, stream, error)
 
-    # notebooks/07_serving.ipynb, cell 31
+    # notebooks/07_serving.ipynb, cell 35
     def _deliver(self, out: RequestOutput) -> None:
         stream = self._streams.get(out.request_id)
         if stream is None:
@@ -330,7 +332,7 @@ class AsyncLLMEngine:
         if not _post(stream.loop, self._hand_over, stream, delta(out, stream)) and not out.finished:
             self._apply(_Abort([out.request_id]))   # its event loop is gone
 
-    # notebooks/07_serving.ipynb, cell 31
+    # notebooks/07_serving.ipynb, cell 36
     def _hand_over(self, stream: _Add, item: RequestOutput | Exception) -> None:
         """In the caller's event loop: queue an output or an error; a reader too far behind is cut off."""
         if stream.closed:
@@ -349,7 +351,7 @@ class AsyncLLMEngine:
         stream.outputs.put_nowait(item)
 
 
-# notebooks/07_serving.ipynb, cell 31
+# notebooks/07_serving.ipynb, cell 36
 def _post(loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
     """Run fn(*args) in loop's thread; False if that loop is closed."""
     try:
@@ -359,13 +361,13 @@ def _post(loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
         return False
 
 
-# notebooks/07_serving.ipynb, cell 31
+# notebooks/07_serving.ipynb, cell 36
 def _settle(future: asyncio.Future, error: Exception | None, result=None) -> None:
     if not future.done():   # the caller may have been cancelled meanwhile
         future.set_exception(error) if error else future.set_result(result)
 
 
-# notebooks/07_serving.ipynb, cell 33
+# notebooks/07_serving.ipynb, cell 38
 def delta(out: RequestOutput, stream: _Add) -> RequestOutput:
     """What is new in out since the stream's previous output: only new tokens, text, logprobs and masks.
     Text that may still become a stop string, or is half a UTF-8 character, is held back (chapter 03)."""

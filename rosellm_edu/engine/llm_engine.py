@@ -27,7 +27,7 @@ from rosellm_edu.spec_decode.rejection_sampler import accepted_count
 from rosellm_edu.timing import choose
 
 
-# notebooks/01_token_generation.ipynb, cell 32
+# notebooks/01_token_generation.ipynb, cell 33
 Prompt = str | dict   # a string, or {"prompt_token_ids": [...]} for callers that tokenize themselves
 
 
@@ -58,7 +58,7 @@ def as_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
-# notebooks/01_token_generation.ipynb, cell 33
+# notebooks/01_token_generation.ipynb, cell 34
 class LLMEngine:
     """Requests in, outputs out, one step at a time: add_request(), then step() until
     has_unfinished_requests() is False."""
@@ -113,7 +113,7 @@ class LLMEngine:
         self.eos_token_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         self.eos_token_ids.discard(None)
 
-    # notebooks/01_token_generation.ipynb, cell 35
+    # notebooks/01_token_generation.ipynb, cell 36
     def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             return prompt, self.tokenizer(prompt).input_ids

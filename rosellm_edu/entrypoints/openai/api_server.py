@@ -19,11 +19,11 @@ from rosellm_edu.entrypoints.openai.protocol import ModelCard, ModelList
 from rosellm_edu.entrypoints.openai.serving_engine import TokenizerLanes, check_model
 
 
-# notebooks/07_serving.ipynb, cell 60
+# notebooks/07_serving.ipynb, cell 66
 router = APIRouter()   # this module's own routes: /health and /v1/models
 
 
-# notebooks/07a_server_hardening.ipynb, cell 10
+# notebooks/07a_server_hardening.ipynb, cell 11
 def openapi_schema(app: FastAPI) -> dict:
     """FastAPI's schema, corrected to say what this server really answers: a body pydantic refuses is a 400
     in OpenAI's shape (declared with ERRORS), never FastAPI's 422; the limits are the server's; with a key,
@@ -56,7 +56,7 @@ def routers() -> list[APIRouter]:
             serving_responses.router, metrics.router]
 
 
-# notebooks/07a_server_hardening.ipynb, cell 25
+# notebooks/07a_server_hardening.ipynb, cell 27
 def build_app(engine: AsyncLLMEngine, model_name: str, *, api_key: str | None = None,
               limits: ServerLimits | None = None) -> FastAPI:
     app = FastAPI(title="rosellm-edu: an OpenAI-compatible server")
@@ -81,7 +81,7 @@ def build_app(engine: AsyncLLMEngine, model_name: str, *, api_key: str | None = 
     return app
 
 
-# notebooks/07_serving.ipynb, cell 61
+# notebooks/07_serving.ipynb, cell 67
 @router.get("/health", response_class=Response,
             responses={200: {"description": "the engine loop runs"}, 503: ERRORS[503]})
 async def health(raw: Request) -> Response:
@@ -92,7 +92,7 @@ async def health(raw: Request) -> Response:
     return OpenAIError(503, problem, type="server_error").response()
 
 
-# notebooks/07a_server_hardening.ipynb, cell 57
+# notebooks/07a_server_hardening.ipynb, cell 59
 def engine_problem(state) -> str | None:
     """Why the engine cannot serve, or None: a loop that stopped, or a step running longer than max_step_seconds
     (the heartbeat: a hung step raises nothing, so only its duration can tell)."""
@@ -106,7 +106,7 @@ def engine_problem(state) -> str | None:
     return None
 
 
-# notebooks/07_serving.ipynb, cell 61
+# notebooks/07_serving.ipynb, cell 67
 @router.get("/v1/models", response_model=ModelList)
 async def show_models(raw: Request) -> JSONResponse:
     name, engine = raw.app.state.model_name, raw.app.state.engine.engine
@@ -114,7 +114,7 @@ async def show_models(raw: Request) -> JSONResponse:
     return JSONResponse(ModelList(data=[card]).model_dump())
 
 
-# notebooks/07_serving.ipynb, cell 61
+# notebooks/07_serving.ipynb, cell 67
 @router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses={404: ERRORS[404]})
 async def show_model(model_id: str, raw: Request) -> JSONResponse:
     check_model(raw, model_id)

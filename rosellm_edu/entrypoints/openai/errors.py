@@ -13,11 +13,11 @@ from rosellm_edu.engine.async_llm_engine import EngineDeadError
 from rosellm_edu.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, OpenAIBaseModel, unimplemented_fields
 
 
-# notebooks/07_serving.ipynb, cell 55
+# notebooks/07_serving.ipynb, cell 61
 logger = logging.getLogger("rosellm_edu.server")
 
 
-# notebooks/07_serving.ipynb, cell 55
+# notebooks/07_serving.ipynb, cell 61
 class OpenAIError(Exception):
     """A request the server refuses: the HTTP status and OpenAI's error body that says why."""
 
@@ -32,20 +32,20 @@ class OpenAIError(Exception):
                             headers=self.headers)
 
 
-# notebooks/07_serving.ipynb, cell 55
+# notebooks/07_serving.ipynb, cell 61
 ERRORS = {status: {"model": ErrorResponse, "description": why} for status, why in [
     (400, "the request is invalid"), (404, "no such model"), (413, "the body is too large"),
     (500, "the engine failed this request"), (503, "the engine has stopped")]}
 
 
-# notebooks/07_serving.ipynb, cell 57
+# notebooks/07_serving.ipynb, cell 63
 def invalid_parameter(e: ValueError) -> OpenAIError:
     """SamplingParams names the field it refuses ("SamplingParams.top_p must be ..."): that is the param."""
     name = str(e).removeprefix("SamplingParams.").split(" ")[0] if str(e).startswith("SamplingParams.") else None
     return OpenAIError(400, str(e).removeprefix("SamplingParams."), name)
 
 
-# notebooks/07_serving.ipynb, cell 57
+# notebooks/07_serving.ipynb, cell 63
 def check_fields(body: OpenAIBaseModel) -> None:
     """vLLM's rule for fields we do not implement: at their no-op value, accepted and logged; else a 400."""
     ignored, refused = unimplemented_fields(body)
@@ -55,7 +55,7 @@ def check_fields(body: OpenAIBaseModel) -> None:
         raise OpenAIError(400, f"{', '.join(refused)}: not supported by this server", refused[0])
 
 
-# notebooks/07_serving.ipynb, cell 58
+# notebooks/07_serving.ipynb, cell 64
 async def openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
     return exc.response()
 
@@ -74,29 +74,29 @@ def from_validation_error(exc: RequestValidationError) -> OpenAIError:
     return OpenAIError(400, f"{param}: {message}" if param else f"request body: {message}", param)
 
 
-# notebooks/07a_server_hardening.ipynb, cell 4
+# notebooks/07a_server_hardening.ipynb, cell 5
 def union_tag(part: str | int) -> bool:
     """pydantic names the member of a union in the error's loc ("list[int]", "constrained-str"): not a field."""
     return isinstance(part, str) and (not part.isidentifier() or part in ("str", "int", "float", "bool"))
 
 
-# notebooks/07a_server_hardening.ipynb, cell 4
+# notebooks/07a_server_hardening.ipynb, cell 5
 async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
     return from_validation_error(exc).response()
 
 
-# notebooks/07a_server_hardening.ipynb, cell 4
+# notebooks/07a_server_hardening.ipynb, cell 5
 async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
     # an unknown route, a wrong method (its Allow header kept), a body too large
     return OpenAIError(exc.status_code, str(exc.detail), headers=exc.headers).response()
 
 
-# notebooks/07a_server_hardening.ipynb, cell 4
+# notebooks/07a_server_hardening.ipynb, cell 5
 async def engine_dead(request: Request, exc: EngineDeadError) -> JSONResponse:
     return OpenAIError(503, str(exc), type="server_error").response()
 
 
-# notebooks/07a_server_hardening.ipynb, cell 4
+# notebooks/07a_server_hardening.ipynb, cell 5
 async def server_error(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("internal error", exc_info=exc)   # the details go to the log, not to the client
     # Starlette closes the connection after this answer: Connection: close tells the client to open a new one

@@ -11,7 +11,7 @@ from rosellm_edu.entrypoints.openai.errors import OpenAIError
 from rosellm_edu.entrypoints.openai.protocol import OpenAIBaseModel, SamplingRequest, strings
 
 
-# notebooks/07a_server_hardening.ipynb, cell 6
+# notebooks/07a_server_hardening.ipynb, cell 7
 @dataclass(frozen=True)
 class ServerLimits:
     """Every limit the server applies to a request, each with its `rosellm-edu serve` flag."""
@@ -38,7 +38,7 @@ class ServerLimits:
         if isinstance(body, SamplingRequest) and len(body.logit_bias or {}) > self.max_logit_bias:
             raise over("logit_bias", f"{len(body.logit_bias)} entries", self.max_logit_bias, "--max-logit-bias")
 
-    # notebooks/07a_server_hardening.ipynb, cell 9
+    # notebooks/07a_server_hardening.ipynb, cell 10
     def declare(self, schemas: dict) -> None:
         """Write the limits into the OpenAPI schema's request models, as constraints on their fields."""
         def members(field: dict) -> list[dict]:
@@ -57,13 +57,13 @@ class ServerLimits:
                     text["maxLength"] = self.max_prompt_chars
 
 
-# notebooks/07a_server_hardening.ipynb, cell 6
+# notebooks/07a_server_hardening.ipynb, cell 7
 def over(param: str, what: str, limit: int, flag: str) -> OpenAIError:
     return OpenAIError(400, f"{param}: {what}, over this server's limit of {limit} (rosellm-edu serve {flag})",
                        param)
 
 
-# notebooks/07a_server_hardening.ipynb, cell 7
+# notebooks/07a_server_hardening.ipynb, cell 8
 class BodyLimit:
     """ASGI middleware: a body over max_bytes gets a 413 before anyone parses it (a declared Content-Length is
     checked at once; a chunked body is counted as it arrives)."""
@@ -94,7 +94,7 @@ class BodyLimit:
                            "(rosellm-edu serve --max-request-body-bytes)")
 
 
-# notebooks/07a_server_hardening.ipynb, cell 19
+# notebooks/07a_server_hardening.ipynb, cell 20
 class ApiKey:
     """ASGI middleware: every /v1 route needs `Authorization: Bearer <key>`; the others stay open (vLLM's rule)."""
 

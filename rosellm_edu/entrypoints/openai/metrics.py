@@ -8,11 +8,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 
-# notebooks/07a_server_hardening.ipynb, cell 12
+# notebooks/07a_server_hardening.ipynb, cell 13
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
-# notebooks/07a_server_hardening.ipynb, cell 12
+# notebooks/07a_server_hardening.ipynb, cell 13
 class ServerMetrics:
     """What /metrics exposes, in vLLM's names (vllm: -> rosellm:), in a registry of the app's own."""
 
@@ -41,11 +41,11 @@ class ServerMetrics:
         self.prefix_hit_rate.set(stats["prefix_hit_rate"])
 
 
-# notebooks/07a_server_hardening.ipynb, cell 14
+# notebooks/07a_server_hardening.ipynb, cell 15
 router = APIRouter()
 
 
-# notebooks/07a_server_hardening.ipynb, cell 14
+# notebooks/07a_server_hardening.ipynb, cell 15
 @router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
 async def show_metrics(raw: Request) -> Response:
     """Prometheus' text format. The engine's numbers are the snapshot its thread published after its last step:

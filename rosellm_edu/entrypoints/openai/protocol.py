@@ -12,11 +12,11 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 from rosellm_edu.sampling_params import SamplingParams
 
 
-# notebooks/07_serving.ipynb, cell 39
+# notebooks/07_serving.ipynb, cell 44
 SURROGATE = re.compile("[\ud800-\udfff]")   # half of a UTF-16 pair: JSON can carry one, no text can hold it
 
 
-# notebooks/07_serving.ipynb, cell 39
+# notebooks/07_serving.ipynb, cell 44
 def strings(value):
     """Every string inside a field's value (lists, dicts and models, recursively)."""
     if isinstance(value, str):
@@ -32,7 +32,7 @@ def strings(value):
             yield from strings(item)
 
 
-# notebooks/07_serving.ipynb, cell 39
+# notebooks/07_serving.ipynb, cell 45
 class OpenAIBaseModel(BaseModel):
     # Fields we do not know are kept (and checked by unimplemented_fields), not refused by pydantic: clients
     # send fields a server does not implement, at their no-op values, all the time. Types are strict, as
@@ -49,13 +49,13 @@ class OpenAIBaseModel(BaseModel):
         return value
 
 
-# notebooks/07_serving.ipynb, cell 39
+# notebooks/07_serving.ipynb, cell 45
 class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
     continuous_usage_stats: bool = False   # usage in every chunk (vLLM's extra; benchmark clients count with it)
 
 
-# notebooks/07_serving.ipynb, cell 41
+# notebooks/07_serving.ipynb, cell 47
 class SamplingRequest(OpenAIBaseModel):
     """The fields completions and chat share, and how they map onto SamplingParams."""
     model: str
@@ -94,7 +94,7 @@ class SamplingRequest(OpenAIBaseModel):
                               logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                               **{k: v for k, v in given.items() if v is not None}, **extra)
 
-    # notebooks/07_serving.ipynb, cell 42
+    # notebooks/07_serving.ipynb, cell 48
     def token_bias(self) -> dict[int, float] | None:
         if self.logit_bias is None:
             return None
@@ -104,7 +104,7 @@ class SamplingRequest(OpenAIBaseModel):
             raise ValueError("SamplingParams.logit_bias keys must be token ids (integers as strings)") from None
 
 
-# notebooks/07_serving.ipynb, cell 42
+# notebooks/07_serving.ipynb, cell 48
 # Fields of OpenAI's or vLLM's API this server does not implement, and the values at which they change nothing.
 NO_OP_VALUES: dict[str, list] = {
     "best_of": [None, 1], "suffix": [None, ""], "use_beam_search": [None, False], "length_penalty": [None, 1.0],
@@ -115,7 +115,7 @@ NO_OP_VALUES: dict[str, list] = {
 }
 
 
-# notebooks/07_serving.ipynb, cell 42
+# notebooks/07_serving.ipynb, cell 48
 def unimplemented_fields(body: OpenAIBaseModel) -> tuple[list[str], list[str]]:
     """(fields at a no-op value: accept and log, fields that would change the answer: refuse). A field we do
     not know at all counts as no-op when it is empty (null, false, "", [], {})."""
@@ -126,15 +126,15 @@ def unimplemented_fields(body: OpenAIBaseModel) -> tuple[list[str], list[str]]:
     return ignored, refused
 
 
-# notebooks/07_serving.ipynb, cell 44
+# notebooks/07_serving.ipynb, cell 50
 NonEmpty = Field(min_length=1)   # an empty prompt, or batch, is refused: the schema says so
 
 
-# notebooks/07_serving.ipynb, cell 44
+# notebooks/07_serving.ipynb, cell 50
 Text, TokenIds = Annotated[str, NonEmpty], Annotated[list[int], NonEmpty]
 
 
-# notebooks/07_serving.ipynb, cell 44
+# notebooks/07_serving.ipynb, cell 50
 class CompletionRequest(SamplingRequest):
     prompt: Text | TokenIds | Annotated[list[Text], NonEmpty] | Annotated[list[TokenIds], NonEmpty]
     max_tokens: int | None = Field(16, ge=1)   # None: up to the context
@@ -147,7 +147,7 @@ class CompletionRequest(SamplingRequest):
         return [self.prompt] if one else list(self.prompt)
 
 
-# notebooks/07_serving.ipynb, cell 44
+# notebooks/07_serving.ipynb, cell 50
 class ChatMessage(OpenAIBaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict] | None = None   # a string, or a list of {"type": "text", "text": ...} parts
@@ -172,7 +172,7 @@ class ChatMessage(OpenAIBaseModel):
                 "content": self.content or ""}
 
 
-# notebooks/07_serving.ipynb, cell 45
+# notebooks/07_serving.ipynb, cell 51
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
@@ -184,7 +184,7 @@ class ChatCompletionRequest(SamplingRequest):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-# notebooks/07_serving.ipynb, cell 48
+# notebooks/07_serving.ipynb, cell 54
 class OpenAIResponse(BaseModel):
     """The optional keys are sent only when the server set them: a client that did not ask for an extra
     (the sampling mask, usage in a stream) gets exactly OpenAI's shape."""
@@ -195,14 +195,14 @@ class OpenAIResponse(BaseModel):
         return {k: v for k, v in handler(self).items() if k not in self.optional_keys or k in self.model_fields_set}
 
 
-# notebooks/07_serving.ipynb, cell 48
+# notebooks/07_serving.ipynb, cell 54
 class UsageInfo(OpenAIResponse):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
 
 
-# notebooks/07_serving.ipynb, cell 48
+# notebooks/07_serving.ipynb, cell 54
 class CompletionLogprobs(BaseModel):
     """OpenAI's legacy completions shape: parallel lists, one entry per token (prompt tokens first with echo,
     the very first of which has no logprob)."""
@@ -212,24 +212,24 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = []
 
 
-# notebooks/07_serving.ipynb, cell 48
+# notebooks/07_serving.ipynb, cell 54
 class TopLogprob(BaseModel):
     token: str
     logprob: float
     bytes: list[int] | None = None
 
 
-# notebooks/07_serving.ipynb, cell 48
+# notebooks/07_serving.ipynb, cell 54
 class ChatLogprob(TopLogprob):
     top_logprobs: list[TopLogprob] = []
 
 
-# notebooks/07_serving.ipynb, cell 48
+# notebooks/07_serving.ipynb, cell 54
 class ChatLogprobs(BaseModel):
     content: list[ChatLogprob] | None = None
 
 
-# notebooks/07_serving.ipynb, cell 50
+# notebooks/07_serving.ipynb, cell 56
 class MaskedChoice(OpenAIResponse):
     """A choice with the keep-sampling mask, when asked for: per token, the sorted vocabulary ids the token
     was drawn from (None if nothing was truncated), and logZ, the log of the probability mass they hold."""
@@ -239,13 +239,13 @@ class MaskedChoice(OpenAIResponse):
     sampling_logz: list[float] | None = None
 
 
-# notebooks/07_serving.ipynb, cell 50
+# notebooks/07_serving.ipynb, cell 56
 class CompletionChoice(MaskedChoice):
     text: str
     logprobs: CompletionLogprobs | None = None
 
 
-# notebooks/07_serving.ipynb, cell 50
+# notebooks/07_serving.ipynb, cell 56
 class OpenAIObject(OpenAIResponse):
     """What every response and every chunk starts with."""
     id: str
@@ -253,53 +253,53 @@ class OpenAIObject(OpenAIResponse):
     model: str
 
 
-# notebooks/07_serving.ipynb, cell 50
+# notebooks/07_serving.ipynb, cell 56
 class CompletionResponse(OpenAIObject):   # a whole completion, and each chunk of a streamed one
     object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
 
 
-# notebooks/07_serving.ipynb, cell 50
+# notebooks/07_serving.ipynb, cell 56
 class ChatMessageOut(OpenAIResponse):
     role: Literal["assistant"] = "assistant"
     content: str
 
 
-# notebooks/07_serving.ipynb, cell 50
+# notebooks/07_serving.ipynb, cell 56
 class DeltaMessage(OpenAIResponse):
     optional_keys: ClassVar[frozenset[str]] = frozenset({"role", "content"})
     role: Literal["assistant"] | None = None
     content: str | None = None
 
 
-# notebooks/07_serving.ipynb, cell 51
+# notebooks/07_serving.ipynb, cell 57
 class ChatChoice(MaskedChoice):
     message: ChatMessageOut
     logprobs: ChatLogprobs | None = None
 
 
-# notebooks/07_serving.ipynb, cell 51
+# notebooks/07_serving.ipynb, cell 57
 class ChatChunkChoice(MaskedChoice):
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
 
 
-# notebooks/07_serving.ipynb, cell 51
+# notebooks/07_serving.ipynb, cell 57
 class ChatCompletionResponse(OpenAIObject):
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: UsageInfo
 
 
-# notebooks/07_serving.ipynb, cell 51
+# notebooks/07_serving.ipynb, cell 57
 class ChatCompletionChunk(OpenAIObject):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     choices: list[ChatChunkChoice]
     usage: UsageInfo | None = None
 
 
-# notebooks/07_serving.ipynb, cell 51
+# notebooks/07_serving.ipynb, cell 57
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -309,18 +309,18 @@ class ModelCard(BaseModel):
     max_model_len: int | None = None   # vLLM's extra: the context length, prompt + completion
 
 
-# notebooks/07_serving.ipynb, cell 51
+# notebooks/07_serving.ipynb, cell 57
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
 
 
-# notebooks/07_serving.ipynb, cell 52
+# notebooks/07_serving.ipynb, cell 58
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-# notebooks/07_serving.ipynb, cell 52
+# notebooks/07_serving.ipynb, cell 58
 class ErrorInfo(BaseModel):
     message: str
     type: str
@@ -328,12 +328,12 @@ class ErrorInfo(BaseModel):
     code: str | None = None
 
 
-# notebooks/07_serving.ipynb, cell 52
+# notebooks/07_serving.ipynb, cell 58
 class ErrorResponse(BaseModel):
     error: ErrorInfo
 
 
-# notebooks/07a_server_hardening.ipynb, cell 16
+# notebooks/07a_server_hardening.ipynb, cell 17
 class TokenizeRequest(OpenAIBaseModel):
     """vLLM's /tokenize: a prompt, or chat messages through the chat template."""
     model: str | None = None
@@ -344,13 +344,13 @@ class TokenizeRequest(OpenAIBaseModel):
     return_token_strs: bool = False
 
 
-# notebooks/07a_server_hardening.ipynb, cell 16
+# notebooks/07a_server_hardening.ipynb, cell 17
 class DetokenizeRequest(OpenAIBaseModel):
     model: str | None = None
     tokens: list[int]
 
 
-# notebooks/07a_server_hardening.ipynb, cell 16
+# notebooks/07a_server_hardening.ipynb, cell 17
 class TokenizeResponse(BaseModel):
     count: int
     max_model_len: int
@@ -358,7 +358,7 @@ class TokenizeResponse(BaseModel):
     token_strs: list[str] | None = None
 
 
-# notebooks/07a_server_hardening.ipynb, cell 16
+# notebooks/07a_server_hardening.ipynb, cell 17
 class DetokenizeResponse(BaseModel):
     prompt: str
 

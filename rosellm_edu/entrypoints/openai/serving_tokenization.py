@@ -11,11 +11,11 @@ from rosellm_edu.entrypoints.openai.protocol import (DetokenizeRequest, Detokeni
 from rosellm_edu.entrypoints.openai.serving_engine import chat_prompt_ids, check_model, check_request, in_pool
 
 
-# notebooks/07a_server_hardening.ipynb, cell 17
+# notebooks/07a_server_hardening.ipynb, cell 18
 router = APIRouter()
 
 
-# notebooks/07a_server_hardening.ipynb, cell 17
+# notebooks/07a_server_hardening.ipynb, cell 18
 @router.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
 async def tokenize(body: TokenizeRequest, raw: Request) -> JSONResponse:
     """vLLM's /tokenize: a prompt's token ids, or chat messages' through the chat template."""
@@ -33,7 +33,7 @@ async def tokenize(body: TokenizeRequest, raw: Request) -> JSONResponse:
                                          tokens=ids, token_strs=strs).model_dump())
 
 
-# notebooks/07a_server_hardening.ipynb, cell 17
+# notebooks/07a_server_hardening.ipynb, cell 18
 @router.post("/detokenize", response_model=DetokenizeResponse, responses=ERRORS)
 async def detokenize(body: DetokenizeRequest, raw: Request) -> JSONResponse:
     check_model(raw, body.model)
