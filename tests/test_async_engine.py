@@ -131,7 +131,8 @@ def test_an_engine_that_cannot_step_alone_is_declared_dead(async_engine, llm_eng
     assert "engine-probe-" in message and "ZeroDivisionError" in message
 
 
-def test_the_heartbeat_and_the_stats_are_read_while_a_step_hangs(async_engine, llm_engine):
+def hang_once(llm_engine):
+    """A forward that blocks its first step until released: (entered, release, the forward to install)."""
     entered, release = threading.Event(), threading.Event()
 
     def hanging_forward(batch):
@@ -139,6 +140,12 @@ def test_the_heartbeat_and_the_stats_are_read_while_a_step_hangs(async_engine, l
         entered.set()
         release.wait(60)
         return LLMEngine.forward(llm_engine, batch)
+
+    return entered, release, hanging_forward
+
+
+def test_the_heartbeat_and_the_stats_are_read_while_a_step_hangs(async_engine, llm_engine):
+    entered, release, hanging_forward = hang_once(llm_engine)
 
     async def run():
         stream = await async_engine.add_request("a", GOOD["rome"], GREEDY)
@@ -214,13 +221,7 @@ def test_health_is_503_while_a_step_hangs_past_max_step_seconds_and_metrics_stil
     thread = ServerThread(build_app(engine, MODEL, limits=ServerLimits(max_step_seconds=0.3)))
     url = thread.start()
     base = url.removesuffix("/v1")
-    entered, release = threading.Event(), threading.Event()
-
-    def hanging_forward(batch):
-        del llm_engine.forward   # hang once
-        entered.set()
-        release.wait(60)
-        return LLMEngine.forward(llm_engine, batch)
+    entered, release, hanging_forward = hang_once(llm_engine)
 
     request = threading.Thread(target=httpx.post, args=(url + "/completions",),
                                kwargs={"json": {"model": MODEL, "prompt": "Hi", "max_tokens": 2}, "timeout": 60})

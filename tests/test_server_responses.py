@@ -8,35 +8,20 @@ import time
 import httpx
 import pytest
 
-from rosellm_edu import LLM, SamplingParams
+from rosellm_edu import SamplingParams
 from rosellm_edu.engine.async_llm_engine import AsyncLLMEngine
 from rosellm_edu.engine.llm_engine import LLMEngine
 from rosellm_edu.entrypoints.openai.api_server import build_app
 from rosellm_edu.entrypoints.openai.server_thread import ServerThread
 
-MODEL = "smollm2-test"
-ENGINE_KWARGS = dict(dtype="float32", num_kv_blocks=512, block_size=16, max_num_seqs=64)
+from test_server import ENGINE_KWARGS, MODEL, offline, server  # noqa: F401 (fixtures)
+
 QUESTION = "What is the capital of France?"
 RESPONSE_KEYS = {"id", "object", "created_at", "status", "model", "output", "usage", "incomplete_details", "error",
                  "instructions", "max_output_tokens", "temperature", "top_p", "metadata", "user",
                  "previous_response_id", "store", "parallel_tool_calls", "tool_choice", "tools"}
 OPENING = ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
 CLOSING = ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
-
-
-@pytest.fixture(scope="module")
-def server():
-    engine = AsyncLLMEngine(LLMEngine(**ENGINE_KWARGS))
-    thread = ServerThread(build_app(engine, MODEL))
-    url = thread.start()
-    yield url, engine
-    thread.stop()
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def offline():
-    return LLM(**ENGINE_KWARGS)
 
 
 def offline_chat(offline, messages: list[dict], max_tokens: int):
