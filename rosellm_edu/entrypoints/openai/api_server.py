@@ -19,8 +19,49 @@ from rosellm_edu.entrypoints.openai.protocol import ModelCard, ModelList
 from rosellm_edu.entrypoints.openai.serving_engine import TokenizerLanes, check_model
 
 
-# notebooks/07_serving.ipynb, cell 66
+# notebooks/07_serving.ipynb, cell 86
 router = APIRouter()   # this module's own routes: /health and /v1/models
+
+
+# notebooks/07_serving.ipynb, cell 87
+@router.get("/health", response_class=Response,
+            responses={200: {"description": "the engine loop runs"}, 503: ERRORS[503]})
+async def health(raw: Request) -> Response:
+    """200 while the engine can serve; 503 saying why not, so that a load balancer stops sending."""
+    problem = engine_problem(raw.app.state)
+    if problem is None:
+        return Response(status_code=200)
+    return OpenAIError(503, problem, type="server_error").response()
+
+
+# notebooks/07a_server_hardening.ipynb, cell 59
+def engine_problem(state) -> str | None:
+    """Why the engine cannot serve, or None: a loop that stopped, or a step running longer than max_step_seconds
+    (the heartbeat: a hung step raises nothing, so only its duration can tell)."""
+    engine, limit = state.engine, state.limits.max_step_seconds
+    if engine.errored is not None:
+        return str(engine.errored)
+    running = engine.step_running_for()
+    if running > limit:
+        return (f"the engine's step has run for {running:.1f} s, longer than max_step_seconds={limit:g} "
+                "(rosellm-edu serve --max-step-seconds)")
+    return None
+
+
+# notebooks/07_serving.ipynb, cell 87
+@router.get("/v1/models", response_model=ModelList)
+async def show_models(raw: Request) -> JSONResponse:
+    name, engine = raw.app.state.model_name, raw.app.state.engine.engine
+    card = ModelCard(id=name, root=name, max_model_len=engine.max_model_len)
+    return JSONResponse(ModelList(data=[card]).model_dump())
+
+
+# notebooks/07_serving.ipynb, cell 87
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses={404: ERRORS[404]})
+async def show_model(model_id: str, raw: Request) -> JSONResponse:
+    check_model(raw, model_id)
+    card = ModelCard(id=model_id, root=model_id, max_model_len=raw.app.state.engine.engine.max_model_len)
+    return JSONResponse(card.model_dump())
 
 
 # notebooks/07a_server_hardening.ipynb, cell 11
@@ -79,44 +120,3 @@ def build_app(engine: AsyncLLMEngine, model_name: str, *, api_key: str | None = 
         app.add_middleware(ApiKey, key=api_key)
     app.openapi = lambda: openapi_schema(app)
     return app
-
-
-# notebooks/07_serving.ipynb, cell 67
-@router.get("/health", response_class=Response,
-            responses={200: {"description": "the engine loop runs"}, 503: ERRORS[503]})
-async def health(raw: Request) -> Response:
-    """200 while the engine can serve; 503 saying why not, so that a load balancer stops sending."""
-    problem = engine_problem(raw.app.state)
-    if problem is None:
-        return Response(status_code=200)
-    return OpenAIError(503, problem, type="server_error").response()
-
-
-# notebooks/07a_server_hardening.ipynb, cell 59
-def engine_problem(state) -> str | None:
-    """Why the engine cannot serve, or None: a loop that stopped, or a step running longer than max_step_seconds
-    (the heartbeat: a hung step raises nothing, so only its duration can tell)."""
-    engine, limit = state.engine, state.limits.max_step_seconds
-    if engine.errored is not None:
-        return str(engine.errored)
-    running = engine.step_running_for()
-    if running > limit:
-        return (f"the engine's step has run for {running:.1f} s, longer than max_step_seconds={limit:g} "
-                "(rosellm-edu serve --max-step-seconds)")
-    return None
-
-
-# notebooks/07_serving.ipynb, cell 67
-@router.get("/v1/models", response_model=ModelList)
-async def show_models(raw: Request) -> JSONResponse:
-    name, engine = raw.app.state.model_name, raw.app.state.engine.engine
-    card = ModelCard(id=name, root=name, max_model_len=engine.max_model_len)
-    return JSONResponse(ModelList(data=[card]).model_dump())
-
-
-# notebooks/07_serving.ipynb, cell 67
-@router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses={404: ERRORS[404]})
-async def show_model(model_id: str, raw: Request) -> JSONResponse:
-    check_model(raw, model_id)
-    card = ModelCard(id=model_id, root=model_id, max_model_len=raw.app.state.engine.engine.max_model_len)
-    return JSONResponse(card.model_dump())

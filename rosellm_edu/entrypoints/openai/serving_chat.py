@@ -19,11 +19,11 @@ from rosellm_edu.entrypoints.openai.serving_engine import (Piece, ResponseState,
 from rosellm_edu.outputs import Logprob, RequestOutput
 
 
-# notebooks/07_serving.ipynb, cell 82
+# notebooks/07_serving.ipynb, cell 80
 router = APIRouter()
 
 
-# notebooks/07_serving.ipynb, cell 82
+# notebooks/07_serving.ipynb, cell 80
 def chat_logprobs(tokenizer, piece: Piece, top: int) -> ChatLogprobs:
     """OpenAI's chat shape: per token {token, logprob, bytes, top_logprobs: the `top` most likely}."""
     def entry(token: int, e: Logprob) -> dict:
@@ -38,7 +38,7 @@ def chat_logprobs(tokenizer, piece: Piece, top: int) -> ChatLogprobs:
     return ChatLogprobs(content=content)
 
 
-# notebooks/07_serving.ipynb, cell 85
+# notebooks/07_serving.ipynb, cell 83
 async def chat_events(state: ResponseState, outputs: AsyncIterator[tuple[int, RequestOutput]],
                       make_chunk: Callable[..., ChatCompletionChunk], logprobs) -> AsyncIterator[str]:
     """A streamed chat completion's events: each choice's role first, then one delta per step."""
@@ -53,7 +53,7 @@ async def chat_events(state: ResponseState, outputs: AsyncIterator[tuple[int, Re
         yield event
 
 
-# notebooks/07_serving.ipynb, cell 86
+# notebooks/07_serving.ipynb, cell 84
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
              responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}})
 async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Response:

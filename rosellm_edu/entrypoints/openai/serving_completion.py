@@ -16,11 +16,11 @@ from rosellm_edu.entrypoints.openai.serving_engine import (Piece, ResponseState,
                                                            whole_response)
 
 
-# notebooks/07_serving.ipynb, cell 81
+# notebooks/07_serving.ipynb, cell 79
 router = APIRouter()
 
 
-# notebooks/07_serving.ipynb, cell 81
+# notebooks/07_serving.ipynb, cell 79
 def completion_logprobs(tokenizer, piece: Piece) -> CompletionLogprobs:
     """OpenAI's legacy shape: per token its text, logprob, top alternatives ({text: logprob}) and offset."""
     out, offset = CompletionLogprobs(), piece.offset
@@ -35,7 +35,7 @@ def completion_logprobs(tokenizer, piece: Piece) -> CompletionLogprobs:
     return out
 
 
-# notebooks/07_serving.ipynb, cell 84
+# notebooks/07_serving.ipynb, cell 82
 @router.post("/v1/completions", response_model=CompletionResponse,
              responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}})
 async def create_completion(body: CompletionRequest, raw: Request) -> Response:

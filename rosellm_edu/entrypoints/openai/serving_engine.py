@@ -56,7 +56,7 @@ async def in_pool(raw: Request, fn: Callable, *args):
     return await raw.app.state.lanes.run(sum(len(text) for arg in args for text in strings(arg)), fn, *args)
 
 
-# notebooks/07_serving.ipynb, cell 68
+# notebooks/07_serving.ipynb, cell 66
 def check_model(raw: Request, model: str | None) -> None:
     served = raw.app.state.model_name
     if model is not None and model != served:
@@ -76,7 +76,7 @@ def check_request(raw: Request, body: OpenAIBaseModel) -> None:
                           "--scheduling-policy priority schedules by it)", "priority")
 
 
-# notebooks/07_serving.ipynb, cell 70
+# notebooks/07_serving.ipynb, cell 68
 @dataclass
 class Piece:
     """What one engine step added to one choice of a response (the prompt too, when echoed)."""
@@ -95,18 +95,18 @@ class Piece:
                        logprobs=logprobs, finish_reason=later.finish_reason, mask=mask)
 
 
-# notebooks/07_serving.ipynb, cell 70
+# notebooks/07_serving.ipynb, cell 68
 def _concat(a: list | None, b: list | None) -> list | None:
     return None if a is None and b is None else (a or []) + (b or [])
 
 
-# notebooks/07_serving.ipynb, cell 70
+# notebooks/07_serving.ipynb, cell 68
 def sse(event: BaseModel) -> str:
     """One server-sent event: a `data:` line with the JSON, then a blank line."""
     return f"data: {event.model_dump_json()}\n\n"
 
 
-# notebooks/07_serving.ipynb, cell 71
+# notebooks/07_serving.ipynb, cell 69
 class ResponseState:
     """One response being assembled from its engine requests' deltas: pieces, usage and timings."""
 
@@ -152,7 +152,7 @@ class ResponseState:
                 m.tpot.observe((now - self.first_token) / (self.completion_tokens - 1))
 
 
-# notebooks/07_serving.ipynb, cell 72
+# notebooks/07_serving.ipynb, cell 70
 async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """The outputs of several engine requests (a batch of prompts), as they come: (prompt index, delta)."""
     if len(streams) == 1:
@@ -181,7 +181,7 @@ async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tu
             task.cancel()
 
 
-# notebooks/07_serving.ipynb, cell 74
+# notebooks/07_serving.ipynb, cell 72
 async def stream_events(state: ResponseState, outputs: AsyncIterator[tuple[int, RequestOutput]],
                         make_chunk: Callable[[Piece], BaseModel],
                         make_usage_chunk: Callable[[UsageInfo | None], BaseModel]) -> AsyncIterator[str]:
@@ -202,7 +202,7 @@ async def stream_events(state: ResponseState, outputs: AsyncIterator[tuple[int, 
     yield "data: [DONE]\n\n"
 
 
-# notebooks/07_serving.ipynb, cell 74
+# notebooks/07_serving.ipynb, cell 72
 def event_stream(raw: Request, request_id: str, n: int, events: AsyncIterator[str]) -> StreamingResponse:
     # When the client goes away, Starlette cancels the body iterator, and the engine aborts the requests; the
     # background abort also covers a client that left before the first chunk (a no-op once they finished).
@@ -211,7 +211,7 @@ def event_stream(raw: Request, request_id: str, n: int, events: AsyncIterator[st
                              background=BackgroundTask(raw.app.state.engine.abort, ids))
 
 
-# notebooks/07_serving.ipynb, cell 74
+# notebooks/07_serving.ipynb, cell 72
 async def collect(state: ResponseState, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> list[Piece]:
     """A whole response: every choice's pieces joined, in choice order."""
     choices: dict[int, Piece] = {}
@@ -222,7 +222,7 @@ async def collect(state: ResponseState, outputs: AsyncIterator[tuple[int, Reques
     return [choices[index] for index in sorted(choices)]
 
 
-# notebooks/07_serving.ipynb, cell 75
+# notebooks/07_serving.ipynb, cell 73
 async def until_disconnected(raw: Request, work: Awaitable):
     """Await work, unless the client disconnects first: then cancel it (which aborts its request), None."""
     async def disconnected():
@@ -238,7 +238,7 @@ async def until_disconnected(raw: Request, work: Awaitable):
     return task.result()
 
 
-# notebooks/07_serving.ipynb, cell 75
+# notebooks/07_serving.ipynb, cell 73
 async def whole_response(raw: Request, state: ResponseState,
                          outputs: AsyncIterator[tuple[int, RequestOutput]]) -> list[Piece] | None:
     """Every choice's pieces; None if the client left. A failed request is a 500, a dead engine a 503."""
@@ -248,7 +248,7 @@ async def whole_response(raw: Request, state: ResponseState,
         raise OpenAIError(500, str(e), type="server_error") from e
 
 
-# notebooks/07_serving.ipynb, cell 77
+# notebooks/07_serving.ipynb, cell 75
 def encode_prompts(tokenizer, prompts: list[str | list[int]], echo: bool) -> list[tuple[str | None, list[int]]]:
     """(text, token ids) of each prompt; token-id prompts get their text only when it is echoed."""
     if echo and not all(0 <= t < len(tokenizer) for p in prompts if not isinstance(p, str) for t in p):
@@ -257,7 +257,7 @@ def encode_prompts(tokenizer, prompts: list[str | list[int]], echo: bool) -> lis
             for p in prompts]
 
 
-# notebooks/07_serving.ipynb, cell 77
+# notebooks/07_serving.ipynb, cell 75
 def chat_prompt_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
     try:
         return tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt,
@@ -267,7 +267,7 @@ def chat_prompt_ids(tokenizer, messages: list[dict], add_generation_prompt: bool
         raise OpenAIError(400, f"messages: the model's chat template failed: {why}", "messages") from e
 
 
-# notebooks/07_serving.ipynb, cell 77
+# notebooks/07_serving.ipynb, cell 75
 def check_prompt(raw: Request, ids: list[int], max_tokens: int | None, param: str) -> int:
     """The prompt fits the model and max_tokens fits beside it (vLLM's rule: refused, never silently capped);
     None means all the room the context leaves. Returns the max_tokens to generate."""
@@ -287,7 +287,7 @@ def check_prompt(raw: Request, ids: list[int], max_tokens: int | None, param: st
     return limit - len(ids) if max_tokens is None else max_tokens
 
 
-# notebooks/07_serving.ipynb, cell 78
+# notebooks/07_serving.ipynb, cell 76
 def sampling_params(raw: Request, body: SamplingRequest, max_tokens: int, logprobs: int | None = None,
                     prompt_logprobs: int | None = None) -> SamplingParams:
     """The request's SamplingParams; token ids it names (logit_bias, stop_token_ids) must be in the vocabulary,
@@ -303,7 +303,7 @@ def sampling_params(raw: Request, body: SamplingRequest, max_tokens: int, logpro
     return params
 
 
-# notebooks/07_serving.ipynb, cell 78
+# notebooks/07_serving.ipynb, cell 76
 async def add_requests(raw: Request, request_id: str, prompts: list[tuple[str | None, list[int]]],
                        params: list[SamplingParams], priority: int = 0) -> list[AsyncIterator[RequestOutput]]:
     """One engine request per prompt (ids request_id-0, -1, ...): all of them are added, or none."""
@@ -321,11 +321,11 @@ async def add_requests(raw: Request, request_id: str, prompts: list[tuple[str | 
     return streams
 
 
-# notebooks/07_serving.ipynb, cell 80
+# notebooks/07_serving.ipynb, cell 78
 def clamp(logprob: float) -> float:
     return max(logprob, -9999.0)   # JSON has no -inf (OpenAI and vLLM clamp the same way)
 
 
-# notebooks/07_serving.ipynb, cell 80
+# notebooks/07_serving.ipynb, cell 78
 def token_text(tokenizer, token: int, entry: Logprob | None) -> str:
     return entry.decoded_token if entry is not None and entry.decoded_token is not None else tokenizer.decode([token])
