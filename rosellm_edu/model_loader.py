@@ -7,6 +7,7 @@ and every later load reads that directory in well under a second.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -133,6 +134,17 @@ def iter_checkpoint(path: Path):
     yield from torch.load(bin_file, map_location="cpu", weights_only=True).items()
 
 
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """torch's default floating dtype set to `dtype` inside the block."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 QUANTIZATION_METHODS = (None, "int8", "int4", "gguf")
 
 
@@ -149,8 +161,9 @@ def load_model(path: Path, dtype: torch.dtype = torch.float32, device: str | tor
 
         return load_gguf(gguf_file(path), config, dtype).to(device)
     cls = model_class(config)
-    with torch.device(device):
-        model = cls(config).to(dtype)
+    with torch.device(device), default_dtype(dtype):   # weights born in dtype: no float32 copy to free on a GPU
+        model = cls(config)
+    model.to(dtype)                                     # the buffers computed in float32 (rotary tables) follow
     model.load_weights(iter_checkpoint(path))
     if quantization is not None:
         from rosellm_edu.layers.quantization import quantize_model

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 
-# notebooks/06_fast_sampling.ipynb, cell 41
+# notebooks/06_fast_sampling.ipynb, cell 42
 @dataclass
 class SamplingParams:
     temperature: float = 1.0
@@ -117,7 +117,7 @@ def check_samples(p: SamplingParams) -> None:
         _fail(p, "seed", "leaves no room for the n samples' seeds (seed + n - 1 must be below 2**64)")
 
 
-# notebooks/06_fast_sampling.ipynb, cell 43
+# notebooks/06_fast_sampling.ipynb, cell 44
 def check_outputs(p: SamplingParams) -> None:
     for name in ("logprobs", "prompt_logprobs"):
         value = getattr(p, name)

@@ -34,7 +34,7 @@ class Sequence:
     stop_reason: str | int | None = None
     generator: torch.Generator | None = None   # the request's own, when it has a seed
 
-    # notebooks/06_fast_sampling.ipynb, cell 49
+    # notebooks/06_fast_sampling.ipynb, cell 50
     def __post_init__(self):
         self.detokenizer: DecodeStream | None = None   # grows the text token by token, from the first one on
         self.held = range(0)                               # positions whose bytes the stream still holds
@@ -137,7 +137,7 @@ class Sequence:
         self.finish("stop", stop)
         return True
 
-    # notebooks/06_fast_sampling.ipynb, cell 51
+    # notebooks/06_fast_sampling.ipynb, cell 52
     def record_sampling_mask(self, mask: list[int] | None, logz: float) -> None:
         """Keep the support the next token is drawn from; None (nothing truncated) makes the whole mask None."""
         self.sampling_logz.append(logz)
@@ -174,6 +174,6 @@ def prompt_tail(prompt_token_ids: list[int], tokenizer) -> list[int]:
     return next((tail for tail in tails if "\ufffd" not in tokenizer.decode(tail)), [])
 
 
-# notebooks/06_fast_sampling.ipynb, cell 49
+# notebooks/06_fast_sampling.ipynb, cell 50
 def _copy(values: list | None) -> list | None:
     return None if values is None else list(values)

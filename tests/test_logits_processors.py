@@ -21,7 +21,11 @@ from rosellm_edu.sequence import Sequence
 VOCAB = 40
 EOS = {0, 3}
 CHAPTER_01_ENGINE = "02_kv_cache.ipynb"   # the package as chapter 01 leaves it
-CHAPTER_01_PARAMS = chapter_class(CHAPTER_01_ENGINE, "sampling_params", "SamplingParams")
+
+
+@pytest.fixture(scope="module")
+def chapter_01_params():   # a fixture, not a module constant: the GPU run imports this file without the book's tools
+    return chapter_class(CHAPTER_01_ENGINE, "sampling_params", "SamplingParams")
 
 
 def logits_rows(n: int, seed: int) -> torch.Tensor:
@@ -171,15 +175,15 @@ def test_no_device_to_host_sync_on_a_gpu():
     ("include_stop_str_in_output", 1), ("skip_special_tokens", None), ("max_tokens", 0),
 ])
 @pytest.mark.parametrize("chapter", ["01", "package"])
-def test_sampling_params_refuse_bad_values_naming_the_field(chapter, field, value):
-    cls = CHAPTER_01_PARAMS if chapter == "01" else SamplingParams
+def test_sampling_params_refuse_bad_values_naming_the_field(chapter, field, value, chapter_01_params):
+    cls = chapter_01_params if chapter == "01" else SamplingParams
     with pytest.raises(ValueError, match=f"SamplingParams.{field} "):
         cls(**{field: value})
 
 
 @pytest.mark.parametrize("chapter", ["01", "package"])
-def test_sampling_params_accept_the_edges(chapter):
-    cls = CHAPTER_01_PARAMS if chapter == "01" else SamplingParams
+def test_sampling_params_accept_the_edges(chapter, chapter_01_params):
+    cls = chapter_01_params if chapter == "01" else SamplingParams
     cls(min_p=1.0, presence_penalty=-2, frequency_penalty=2, repetition_penalty=0.01,
                    logit_bias={0: -100, 7: 100.0}, max_tokens=None, min_tokens=1000)
     with pytest.raises(ValueError, match="SamplingParams.min_tokens "):

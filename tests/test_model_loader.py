@@ -3,6 +3,7 @@
 import time
 
 import pytest
+import torch
 
 from rosellm_edu import LLM, model_loader
 
@@ -45,3 +46,21 @@ def test_unsupported_architecture_is_named(tmp_path):
 def test_malformed_model_id_gives_a_clear_error():
     with pytest.raises(model_loader.ModelNotFoundError, match="is not a local directory"):
         model_loader.resolve_model("not a valid id / at all")
+
+
+def test_weights_are_built_in_the_dtype_asked_for(embedded_dir):
+    """A bfloat16 model never holds a float32 parameter (on a GPU that copy would stay in the allocator's cache and
+    shrink the KV cache), and it equals the float32 model cast afterwards, buffers included."""
+    born = []
+    hook = torch.nn.modules.module.register_module_parameter_registration_hook(
+        lambda module, name, param: born.append(param.dtype))
+    try:
+        model = model_loader.load_model(embedded_dir, torch.bfloat16)
+    finally:
+        hook.remove()
+    assert born and set(born) == {torch.bfloat16}
+    assert torch.get_default_dtype() == torch.float32
+    cast = model_loader.load_model(embedded_dir, torch.float32).to(torch.bfloat16)
+    for (name, got), (_, want) in zip([*model.named_parameters(), *model.named_buffers()],
+                                      [*cast.named_parameters(), *cast.named_buffers()]):
+        assert got.dtype == want.dtype and torch.equal(got, want), name

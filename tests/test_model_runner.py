@@ -2,6 +2,7 @@
 bucket's CUDA graph replays the eager logits."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -193,3 +194,45 @@ def test_graph_replay_equals_eager_decode_for_every_bucket(embedded_dir):
             graph_logits = graphed.run(batch, tables)
         torch.testing.assert_close(graph_logits, eager_logits, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(graph_logits, reference, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="host syncs are a GPU matter")
+def test_a_decode_step_waits_for_the_gpu_once(embedded_dir):
+    """Only the transfer of the sampled tokens may wait for the GPU: torch's sync debug mode reports every wait.
+    Greedy and sampling rows side by side, so that the sampler picks rows and builds its per-row parameters."""
+    engine = LLMEngine(str(embedded_dir), device="cuda", dtype="bfloat16", max_num_seqs=8, gpu_memory_utilization=0.3)
+    kinds = [SamplingParams(temperature=0, max_tokens=32, ignore_eos=True),
+             SamplingParams(temperature=0.7, top_k=40, top_p=0.9, max_tokens=32, ignore_eos=True)]
+    for i in range(4):
+        engine.add_request(str(i), {"prompt_token_ids": list(range(5 + i, 20 + 2 * i))}, kinds[i % 2])
+    for _ in range(3):                      # the prefill, then decode steps
+        engine.step()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(4):
+                engine.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    waits = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+    assert len(waits) == 4, waits
+
+
+def test_the_profile_step_runs_the_largest_step_on_a_scratch_cache(embedded_dir, monkeypatch):
+    """Chapter 05's start-up measurement runs max_num_batched_tokens tokens as sequences that fit the context,
+    all prefilling, on a cache of its own: the engine's cache is left as it was."""
+    engine = LLMEngine(str(embedded_dir), dtype="float32", max_model_len=64, num_kv_blocks=8)
+    seen, forward = {}, engine.model.forward
+
+    def spy(ids, positions, ctx):
+        seen.update(positions=positions.clone(), ctx=ctx)
+        return forward(ids, positions, ctx)
+
+    monkeypatch.setattr(engine.model, "forward", spy)
+    before = engine.kv_cache.k.clone()
+    assert engine.profile_step(150, 4, 16) == 0                     # nothing measures memory on a CPU
+    assert torch.equal(seen["positions"], torch.cat([torch.arange(63), torch.arange(63), torch.arange(24)]))
+    assert seen["ctx"].decode is None and seen["ctx"].prefill.query_lens.tolist() == [63, 63, 24]
+    assert seen["ctx"].k_pool is not engine.kv_cache.k and torch.equal(engine.kv_cache.k, before)

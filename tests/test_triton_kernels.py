@@ -169,7 +169,7 @@ def test_kernels_compile_for_ampere_and_hopper(tmp_path):
 
 @pytest.mark.parametrize("num_new", [[1, 25, 18, 1], [12, 25, 18, 3], [1, 1, 1, 1]], ids=["mixed", "prefill", "decode"])
 def test_paged_attention_attends_through_the_triton_kernels_as_through_the_gather(monkeypatch, num_new):
-    """PagedAttention.attend with the kernels it hands a CUDA batch (here on CPU tensors, in the interpreter) gives
+    """PagedAttention.attend with the kernels it hands a CUDA batch (in the interpreter where there is no GPU) gives
     what it gives with the gathered fallbacks: the packed rows and cu_query_lens it passes are the right ones."""
     from functools import partial
 
@@ -177,10 +177,10 @@ def test_paged_attention_attends_through_the_triton_kernels_as_through_the_gathe
     block_size, heads, kv_heads = 16, 9, 3
     g = torch.Generator().manual_seed(7)
     tables, num_computed = [[7, 2], [4, 11], [5, 1, 3], [0, 6, 8, 9]], [20, 0, 30, 40]
-    pools = torch.randn(2, 1, 12 * block_size, kv_heads, HEAD_DIM, generator=g)      # (k|v, layers, slots, kv_heads, d)
+    pools = torch.randn(2, 1, 12 * block_size, kv_heads, HEAD_DIM, generator=g).to(DEVICE)   # (k|v, layers, slots, ...)
     tokens = sum(num_new)
-    q = torch.randn(tokens, heads, HEAD_DIM, generator=g)
-    k, v = torch.randn(2, tokens, kv_heads, HEAD_DIM, generator=g)
+    q = torch.randn(tokens, heads, HEAD_DIM, generator=g).to(DEVICE)
+    k, v = torch.randn(2, tokens, kv_heads, HEAD_DIM, generator=g).to(DEVICE)
     outs = {}
     for name, decode, prefill in [("gathered", paged_attention.gathered_decode_attention,
                                    paged_attention.gathered_prefill_attention),

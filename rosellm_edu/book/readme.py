@@ -33,6 +33,8 @@ class Machine:
 
     @property
     def label(self) -> str:
+        if self.record.get("kind") == "gpu":
+            return self.record["device"]
         flags = "/".join(DECIDING_FLAGS[f] for f in self.record["deciding_flags"][:1]) or "no AVX2"
         return f"{self.record['device']} ({flags})"
 
@@ -68,10 +70,11 @@ def render_machines(ms: list[Machine]) -> str:
     for m in ms:
         dates = sorted({d[:10] for d in re.findall(r"\d{4}-\d{2}-\d{2}", "".join(
             p.read_text() for p in m.folder.glob("*.json") if p.name != "machine.json"))})
-        rows.append([m.key, m.record["device"], ", ".join(m.record["deciding_flags"]) or "none",
+        features = "a GPU" if m.record.get("kind") == "gpu" else ", ".join(m.record["deciding_flags"]) or "none"
+        rows.append([m.key, m.record["device"], features,
                      str(m.record["cores"]), str(m.record["threads"]), m.record["torch"],
                      f"{dates[0]} to {dates[-1]}" if len(dates) > 1 else "".join(dates)])
-    return table(["folder in notebooks/data", "CPU", "deciding features", "cores", "threads", "torch", "measured"],
+    return table(["folder in notebooks/data", "device", "deciding features", "cores", "threads", "torch", "measured"],
                  rows, 3)
 
 
@@ -212,9 +215,82 @@ def render_llama_cpp(ms: list[Machine]) -> str:
     return text
 
 
+def render_stalls(ms: list[Machine]) -> str:
+    """benchmarks/stalls.py's before/after: per scenario the streams' worst gap and a 1-token request's latency
+    beside the offender (alone in brackets), and whether the full-size offender was refused."""
+    text = ""
+    for m, d in with_data(ms, "stalls"):
+        sides = list(d["checkouts"])
+        rows = []
+        for name, scenario in d["scenarios"].items():
+            row = [name.replace("_", " ")]
+            for key in ("worst_gap_s", "probe"):
+                for side in sides:
+                    r = scenario["checkouts"][side]
+                    row.append("skipped" if "skipped" in r else stall_cell(r, key))
+            for side in sides:
+                r = scenario["checkouts"][side]
+                refused = r.get("refused")
+                row.append("" if "skipped" in r else f"{refused['status']}" if refused else "accepted")
+            rows.append(row)
+        header = (["scenario"] + [f"worst gap {side} (s)" for side in sides]
+                  + [f"1-token request {side} (s)" for side in sides] + [f"full size {side}" for side in sides])
+        commits = ", ".join(f"{side} `{c['commit']}`" for side, c in d["checkouts"].items())
+        text += (f"{m.label}, {d['threads']} threads, torch {d['torch']}, {d['date'][:10]} ({commits}):\n\n"
+                 + table(header, rows, 1) + f"\nReproduce: `{d['command']}`\n")
+    return text
+
+
+def stall_cell(r: dict, key: str) -> str:
+    """'beside (alone)' for the worst gap or the 1-token request's seconds; '-' where the scenario has none."""
+    def value(run: dict) -> float | None:
+        return run["worst_gap_s"] if key == "worst_gap_s" else (run["probe"] or {}).get("seconds")
+    beside, alone = value(r["with_offender"]), value(r["baseline"])
+    return "-" if beside is None else f"{beside:.2f} ({alone:.2f})" if alone is not None else f"{beside:.2f}"
+
+
+def render_gpu(ms: list[Machine]) -> str:
+    """benchmarks/gpu.py's run: the engine's figures on the GPU, beside what peers report (their hardware named)
+    and transformers measured in the same run."""
+    text = ""
+    for m in ms:
+        engine, llama, sampler, checks = (m.data(f"gpu_{part}") for part in ("engine", "llama", "sampler",
+                                                                                   "correctness"))
+        if not (engine and llama and sampler and checks):
+            continue
+        fixed, h = llama["fixed_length"], engine["header"]
+        theirs = fixed["transformers_generate_batch"]
+        top = {(r["vocab"], r["batch"], r["setting"]): r for r in sampler["rows"]}[(151936, 256, "top-k 40 + top-p 0.9")]
+        greedy = checks["greedy_vs_transformers"]
+        rows = [
+            ["GPT-2's shape (124M), 64 requests x 512 tokens, sampling at temperature 1",
+             f"{engine['batch64_sampling']['tokens_per_s']:,.0f} tokens/s", "roseinfer's post: 14,114 tokens/s (its GPU)"],
+            ["the same, greedy", f"{engine['batch64_greedy']['tokens_per_s']:,.0f} tokens/s", ""],
+            ["GPT-2's shape, one request alone: time per output token",
+             f"{engine['batch1']['tpot_ms']:.2f} ms", "roseinfer's post: 4.58 ms, at batch 64"],
+            ["a Qwen3-0.6B-shaped model, nano-vllm's workload (256 requests, 100-1,024 tokens in and out, "
+             "temperature 0.6)", f"{llama['nano_vllm_workload']['tokens_per_s']:,.0f} tokens/s",
+             "nano-vllm: 8,670; vLLM: 9,530 (their README, an A100 at 4,096 tokens of context)"],
+            [f"the same model, 256 requests x {fixed['max_tokens']} tokens: ours / transformers' `generate_batch`",
+             f"{fixed['ours']['tokens_per_s']:,.0f} / {theirs['tokens_per_s']:,.0f} tokens/s "
+             f"({fixed['ours_over_transformers']:.1f}x)", "same run"],
+            ["batched sampler, B = 256, V = 151,936, top-k 40 + top-p 0.9: full sort / ours",
+             f"{top['full_sort_ms']:.2f} / {top['fast_ms']:.2f} ms ({top['speedup']:.1f}x)", "same run"],
+            ["times a decode step waits for the GPU (sync debug mode)",
+             f"{checks['sync_audit']['syncs_per_step']:.0f}", "one is the sampled tokens' transfer"],
+            ["greedy tokens equal to transformers' on the GPU (float32, 32 tokens)",
+             ", ".join(f"{k}: {v['equal']}/{v['prompts']}" for k, v in greedy.items()), "same run"],
+        ]
+        text += (f"{h['device']}, driver {h.get('driver')}, torch {h['torch']}, CUDA {h['cuda']}, "
+                 f"{h['date'][:10]}; random weights of each named shape, bfloat16, CUDA graphs on:\n\n"
+                 + table(["what", "measured", "for comparison"], rows, 1) + f"\nReproduce: `{h['command']}`\n")
+    return text
+
+
 RENDERERS: dict[str, Callable[[list[Machine]], str]] = {
     "machines": render_machines, "mixed": render_mixed, "quantization": render_quantization,
-    "speculative": render_speculative, "sampler": render_sampler, "llama-cpp": render_llama_cpp}
+    "speculative": render_speculative, "sampler": render_sampler, "llama-cpp": render_llama_cpp,
+    "stalls": render_stalls, "gpu": render_gpu}
 
 
 def render(text: str, ms: list[Machine]) -> str:

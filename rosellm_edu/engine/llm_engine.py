@@ -9,11 +9,12 @@ from typing import Iterable
 import torch
 
 from rosellm_edu.engine.block_manager import BlockManager
-from rosellm_edu.engine.kv_cache import KVCache, blocks_in_budget
+from rosellm_edu.engine.kv_cache import KVCache, block_bytes, blocks_in_budget
 from rosellm_edu.engine.model_runner import ModelRunner, table_rows
 from rosellm_edu.engine.parallel_sampling import child_id, sample_params
 from rosellm_edu.engine.scheduler import ScheduledSeq, Scheduler
 from rosellm_edu.layers.logits_processors import ProcessorState, apply_kept_processors
+from rosellm_edu.layers.paged_attention import PagedAttention
 from rosellm_edu.layers.sampler import logprob_dict, logprob_table, sample
 from rosellm_edu.model_loader import load_model, load_tokenizer, resolve_model
 from rosellm_edu.outputs import Logprob, RequestOutput
@@ -69,11 +70,9 @@ class LLMEngine:
                  kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
                  enforce_eager: bool = False, max_model_len: int | None = None, quantization: str | None = None,
-                 scheduling_policy: str = "fcfs",
-                 prompt_logprobs_chunk: int = 512, speculative_config: dict | None = None):
+                 scheduling_policy: str = "fcfs", prompt_logprobs_chunk: int = 512, speculative_config: dict | None = None):
         check_sizes(block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                    num_kv_blocks=num_kv_blocks, max_model_len=max_model_len,
-                    prompt_logprobs_chunk=prompt_logprobs_chunk)
+                    num_kv_blocks=num_kv_blocks, max_model_len=max_model_len, prompt_logprobs_chunk=prompt_logprobs_chunk)
         spec = None if speculative_config is None else SpeculativeConfig.from_dict(speculative_config)   # before loading
         self.load(model, dtype, device, quantization)
         if max_model_len is not None:   # a shorter context than the model's, as vLLM's max_model_len
@@ -82,17 +81,22 @@ class LLMEngine:
                                  f"({self.max_model_len} tokens)")
             self.max_model_len = max_model_len
         config = self.model.config
-        num_blocks = num_kv_blocks or blocks_in_budget(config, block_size, self.dtype, self.device,
-                                                       kv_cache_memory_bytes, gpu_memory_utilization)
+        draft = None if spec is None or spec.method == "ngram" else self.load_draft(spec, model)   # weights first
+        kv_bytes = self.kv_bytes(kv_cache_memory_bytes, gpu_memory_utilization, max_num_batched_tokens, max_num_seqs,
+                                 block_size)
+        if draft is not None and kv_bytes is not None:   # the draft's cache has as many blocks: split the bytes
+            target, drafted = block_bytes(config, block_size, self.dtype), block_bytes(draft.config, block_size, self.dtype)
+            kv_bytes = kv_bytes * target // (target + drafted)
+        num_blocks = num_kv_blocks or blocks_in_budget(config, block_size, self.dtype, self.device, kv_bytes,
+                                                       gpu_memory_utilization)
         self.kv_cache = KVCache(config, num_blocks, block_size, self.dtype, self.device)
         self.scheduler = Scheduler(BlockManager(num_blocks, block_size, enable_prefix_caching), max_num_seqs,
                                    max_num_batched_tokens, scheduling_policy, prompt_logprobs_chunk)
-        self.runner = ModelRunner(self.model, self.kv_cache, max_num_seqs, self.max_model_len,
-                                  enforce_eager=enforce_eager)
+        self.runner = ModelRunner(self.model, self.kv_cache, max_num_seqs, self.max_model_len, enforce_eager=enforce_eager)
         # the sampler draws its noise where the logits are, so the generators live there too
         self.generator = torch.Generator(self.device).manual_seed(seed)   # on the engine's device
         self.speculative_config, self.spec_decoding_stats = spec, SpecDecodingStats()
-        self.proposer = None if spec is None else self.make_proposer(spec, model)
+        self.proposer = None if spec is None else self.make_proposer(spec, draft)
 
     # notebooks/11_weight_only_quantization.ipynb, cell 77
     def load(self, model: str | None, dtype: str | torch.dtype, device: str | torch.device | None,
@@ -268,7 +272,47 @@ class LLMEngine:
                 outputs[key] = parent.output() if parent else seq.output()
         return list(outputs.values())
 
-    # notebooks/05_cuda_graphs.ipynb, cell 39
+    # notebooks/05_cuda_graphs.ipynb, cell 38
+    def kv_bytes(self, kv_cache_memory_bytes: int | None, gpu_memory_utilization: float, max_num_batched_tokens: int,
+                 max_num_seqs: int, block_size: int) -> int | None:
+        """The KV cache's bytes: as given; on a GPU without them, gpu_memory_utilization of its memory less what is
+        in use and what the largest step allocates on top; elsewhere None (chapter 04's CPU default)."""
+        if self.device.type != "cuda":
+            return kv_cache_memory_bytes
+        step = self.profile_step(max_num_batched_tokens, max_num_seqs, block_size)   # also compiles the kernels
+        if kv_cache_memory_bytes is not None:
+            return kv_cache_memory_bytes
+        free, total = torch.cuda.mem_get_info(self.device)
+        return int(total * gpu_memory_utilization) - (total - free) - step
+
+    # notebooks/05_cuda_graphs.ipynb, cell 40
+    @torch.no_grad()
+    def profile_step(self, num_tokens: int, num_rows: int, block_size: int) -> int:
+        """Peak bytes a forward over num_tokens new tokens (sequences of at most the context) and the float32 softmax
+        of num_rows rows of logits allocate beyond what stays, run on a scratch cache; 0 where nothing measures it."""
+        lengths = [min(self.max_model_len - 1, num_tokens - s) for s in range(0, num_tokens, self.max_model_len - 1)]
+        widths = [-(-n // block_size) for n in lengths]
+        tables = [list(range(sum(widths[:i]), sum(widths[:i + 1]))) for i in range(len(widths))]
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device) if cuda else 0
+        scratch = KVCache(self.model.config, sum(widths), block_size, self.dtype, self.device)
+        with self.device_context():
+            ctx = PagedAttention.build(scratch.k, scratch.v, block_size, tables, [0] * len(lengths), lengths)
+            positions = torch.cat([torch.arange(n) for n in lengths]).to(self.device)            # (num_tokens,)
+            hidden = self.model(torch.zeros_like(positions), positions, ctx)                     # (num_tokens, d)
+            self.model.compute_logits(hidden[:num_rows]).float().softmax(dim=-1)               # (rows, vocab)
+        if not cuda:
+            return 0
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - before - 2 * scratch.k.nbytes
+        del scratch, ctx, hidden
+        torch.cuda.empty_cache()
+        return max(peak, 0)
+
+    # notebooks/05_cuda_graphs.ipynb, cell 43
     def device_context(self):
         """Make the engine's GPU the current one (graph capture and Triton launch on the current device)."""
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
@@ -319,14 +363,11 @@ class LLMEngine:
             seq.prompt_logprobs.append(logprobs)
 
     # notebooks/12_speculative_decoding.ipynb, cell 55
-    def make_proposer(self, spec: SpeculativeConfig, model: str | None):
-        """The proposer speculative_config names; a draft model shares the target's device, dtype and block size."""
+    def make_proposer(self, spec: SpeculativeConfig, draft):
+        """The proposer speculative_config names; a draft model shares the target's device, dtype and block size,
+        and its cache has as many blocks as the target's."""
         if spec.method == "ngram":
             return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
-        draft = load_draft_model(spec.model or model, self.dtype, self.device, spec.quantization)
-        if draft.config.vocab_size != self.vocab_size:
-            raise ValueError(f"speculative_config['model']: the draft's vocabulary has {draft.config.vocab_size} "
-                             f"tokens, the target's {self.vocab_size}; a draft must share the target's tokenizer")
         cache = KVCache(draft.config, self.kv_cache.num_blocks, self.kv_cache.block_size, self.dtype, self.device)
         return DraftModelProposer(draft, cache, self.scheduler.max_num_seqs, self.max_model_len)
 
@@ -366,6 +407,15 @@ class LLMEngine:
             if seq.finished:                                     # EOS, a stop or max_tokens inside an accepted run
                 break
         return appended
+
+    # notebooks/12_speculative_decoding.ipynb, cell 55
+    def load_draft(self, spec: SpeculativeConfig, model: str | None):
+        """The draft model, loaded before the KV cache is sized (its weights use the GPU's memory too)."""
+        draft = load_draft_model(spec.model or model, self.dtype, self.device, spec.quantization)
+        if draft.config.vocab_size != self.vocab_size:
+            raise ValueError(f"speculative_config['model']: the draft's vocabulary has {draft.config.vocab_size} "
+                             f"tokens, the target's {self.vocab_size}; a draft must share the target's tokenizer")
+        return draft
 
 
 # notebooks/03_continuous_batching.ipynb, cell 28

@@ -9,6 +9,7 @@ import torch
 from rosellm_edu.engine.block_manager import BlockTable
 from rosellm_edu.engine.kv_cache import KVCache
 from rosellm_edu.engine.scheduler import ScheduledSeq
+from rosellm_edu.layers.logits_processors import on_device
 from rosellm_edu.layers.paged_attention import PagedAttention, SeqGroup, decode_kernel, padded_tables
 
 
@@ -91,8 +92,9 @@ class ModelRunner:
         ctx = PagedAttention.build(kv.k, kv.v, kv.block_size, tables, [s.num_computed for s in batch],
                                    [s.num_new for s in batch])
         device = kv.k.device
-        hidden = self.model(torch.tensor(ids, device=device), torch.tensor(positions, device=device), ctx)
-        return self.model.compute_logits(hidden[sampled_rows + kept_rows])
+        hidden = self.model(on_device(ids, torch.long, device), on_device(positions, torch.long, device), ctx)
+        picked = on_device(sampled_rows + kept_rows, torch.long, device)                    # may be none
+        return self.model.compute_logits(hidden.index_select(0, picked))
 
     # notebooks/12_speculative_decoding.ipynb, cell 29
     def is_decode(self, batch: list[ScheduledSeq]) -> bool:

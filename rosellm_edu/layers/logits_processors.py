@@ -10,10 +10,10 @@ from rosellm_edu.sampling_params import SamplingParams
 
 
 # notebooks/01a_logits_processors.ipynb, cell 4
-def on_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def on_device(values: list | torch.Tensor, dtype: torch.dtype | None, device: torch.device) -> torch.Tensor:
     """A host list as a tensor on `device`. To a GPU it goes from pinned memory with non_blocking=True, so the
     host does not wait for the GPU to finish the work already queued (a plain copy would)."""
-    tensor = torch.tensor(values, dtype=dtype)
+    tensor = torch.as_tensor(values, dtype=dtype)     # a CPU tensor too
     return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor.to(device)
 
 
@@ -93,7 +93,8 @@ def apply_min_tokens(logits: torch.Tensor, params: list[SamplingParams], num_out
             pairs += [(i, token) for token in sorted(stops)]
     if pairs:
         rows, tokens = zip(*pairs)
-        logits[on_device(rows, torch.long, logits.device), on_device(tokens, torch.long, logits.device)] = -torch.inf
+        at = (on_device(rows, torch.long, logits.device), on_device(tokens, torch.long, logits.device))
+        logits.index_put_(at, logits.new_full((), -torch.inf))   # a device scalar: a Python one is copied over
 
 
 # notebooks/01a_logits_processors.ipynb, cell 14
@@ -185,11 +186,12 @@ def apply_kept_processors(logits: torch.Tensor, params: list[SamplingParams], st
         at, tokens = zip(*pairs)
         at, tokens = on_device(at, torch.long, logits.device), on_device(tokens, torch.long, logits.device)
         counts.index_put_((at, tokens), torch.ones(len(pairs), device=logits.device), accumulate=True)
+    pick = lambda ks: counts.index_select(0, on_device(ks, torch.long, logits.device))  # noqa: E731 (no host sync)
     repeat = [k for k, i in enumerate(rows) if params[i].repetition_penalty != 1]
     if repeat:
-        seen = torch.stack([states[rows[k]].prompt_mask for k in repeat]) | (counts[repeat] > 0)   # (r, V)
+        seen = torch.stack([states[rows[k]].prompt_mask for k in repeat]) | (pick(repeat) > 0)   # (r, V)
         penalize_repetition(logits, [rows[k] for k in repeat], params, seen)
     subtract = [k for k, i in enumerate(rows) if params[i].frequency_penalty != 0 or params[i].presence_penalty != 0]
     if subtract:
-        penalize_frequency_presence(logits, [rows[k] for k in subtract], params, counts[subtract])
+        penalize_frequency_presence(logits, [rows[k] for k in subtract], params, pick(subtract))
     return logits

@@ -9,6 +9,7 @@ import torch
 
 from rosellm_edu.kernels import cpu_attention, cpu_paged_attention
 from rosellm_edu.layers.attention import grouped_attention
+from rosellm_edu.layers.logits_processors import on_device
 from rosellm_edu.timing import CHOICES, Choice, choose
 
 
@@ -133,7 +134,7 @@ class PagedAttention:
         device = k_pool.device
         groups = [group_of(rows.nonzero().flatten(), tables, computed, new, starts, block_size, device)
                   for rows in (new == 1, new > 1)]
-        return cls(k_pool, v_pool, block_size, slots.to(device), *groups, decode_kernel(device))
+        return cls(k_pool, v_pool, block_size, on_device(slots, None, device), *groups, decode_kernel(device))
 
     # notebooks/09_attention_kernels.ipynb, cell 56
     def attend(self, layer_idx: int, q, k, v):
@@ -146,7 +147,7 @@ class PagedAttention:
         if self.prefill is None:   # every sequence decodes, one token each in stream order: no gather, no scatter
             d = self.decode
             return self.kernel(q, k_blocks, v_blocks, d.block_tables, d.context_lens, scale)
-        rows, cu_query_lens = self.packed_prefill()                        # packed prefill rows
+        rows, cu_query_lens = self.packed_prefill(q.shape[0])              # packed prefill rows
         p, prefill = self.prefill, prefill_kernel(q.device)
         if self.decode is None:    # every sequence prefills: the stream is already packed in sequence order
             return prefill(q, k_blocks, v_blocks, p.block_tables, p.context_lens, cu_query_lens, scale)
@@ -158,13 +159,16 @@ class PagedAttention:
         return out
 
     # notebooks/09_attention_kernels.ipynb, cell 56
-    def packed_prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def packed_prefill(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows, cu_query_lens): the prefill group's stream rows, sequence after sequence, and their offsets (seqs + 1,)
-        int32; computed on the first layer's call, then kept for the step."""
+        int32; computed on the first layer's call, then kept for the step. Their count is known on the host (the
+        stream's tokens less one per decoding sequence), so no boolean-mask index has to wait for the GPU to count."""
         if getattr(self, "_packed_prefill", None) is None:
             p = self.prefill
             cu_query_lens = torch.nn.functional.pad(p.query_lens.cumsum(0, dtype=torch.int32), (1, 0))
-            self._packed_prefill = (p.query_index[p.query_valid], cu_query_lens)
+            count = num_tokens - (0 if self.decode is None else self.decode.query_index.shape[0])
+            valid_first = torch.argsort((~p.query_valid).flatten().byte(), stable=True)[:count]   # valid, in order
+            self._packed_prefill = (p.query_index.flatten()[valid_first], cu_query_lens)
         return self._packed_prefill
 
 
@@ -184,7 +188,7 @@ def group_of(rows: torch.Tensor, tables, computed, new, starts, block_size: int,
     valid = torch.arange(int(n.max()))[None, :] < n[:, None]                           # (seqs, max_new)
     query_index = torch.where(valid, starts[rows][:, None] + torch.arange(valid.shape[1]), 0)
     width = -(-int(ends.max()) // block_size)                                          # the blocks they use
-    to = lambda x, dtype=None: x.to(device=device, dtype=dtype)  # noqa: E731
+    to = lambda x, dtype=None: on_device(x, dtype, device)  # noqa: E731   (pinned: no host sync on a GPU)
     return SeqGroup(to(query_index), to(valid), to(tables[rows, :width].contiguous()), to(ends, torch.int32),
                     to(n, torch.int32))
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rosellm_edu.layers.logits_processors import on_device
 from rosellm_edu.outputs import Logprob
 from rosellm_edu.sampling_params import SamplingParams
 
@@ -56,7 +57,7 @@ def filtered_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return apply_top_p(apply_top_k(logits, params.top_k), params.top_p)
 
 
-# notebooks/06_fast_sampling.ipynb, cell 53
+# notebooks/06_fast_sampling.ipynb, cell 54
 SAMPLING_MASK_CAP = 2048   # the most vocabulary ids one sampling mask lists
 
 
@@ -149,13 +150,21 @@ def truncates(params: SamplingParams, vocab_size: int) -> bool:
             or params.min_p > 0)
 
 
-# notebooks/06_fast_sampling.ipynb, cell 15
+# notebooks/06_fast_sampling.ipynb, cell 16
 def rows(logits: torch.Tensor, indices: list[int]) -> torch.Tensor:
-    """logits[indices], without a copy when that is every row."""
-    return logits if len(indices) == logits.shape[0] else logits[indices]
+    """logits[indices], without a copy when that is every row, and without a host sync on a GPU."""
+    if len(indices) == logits.shape[0]:
+        return logits
+    return logits.index_select(0, on_device(indices, torch.long, logits.device))
 
 
-# notebooks/06_fast_sampling.ipynb, cell 15
+# notebooks/06_fast_sampling.ipynb, cell 16
+def put_rows(out: torch.Tensor, indices: list[int], values: torch.Tensor) -> None:
+    """out[indices] = values, without a host sync on a GPU."""
+    out.index_copy_(0, on_device(indices, torch.long, out.device), values)
+
+
+# notebooks/06_fast_sampling.ipynb, cell 16
 @dataclass
 class Candidates:
     """Each row's most likely tokens, sorted, and the distribution that survives top-k then top-p on them."""
@@ -166,18 +175,18 @@ class Candidates:
     complete: torch.Tensor  # (n,) bool: top-p was decided within the K candidates (always, when top-k is on)
 
 
-# notebooks/06_fast_sampling.ipynb, cell 16
+# notebooks/06_fast_sampling.ipynb, cell 17
 def top_k_top_p_candidates(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
                            widths: list[int], min_p: list[float] | None = None) -> Candidates:
     """Chapter 01's filter (temperature, min-p, top-k, renormalise, top-p keeping the token that crosses p) on
     each row's `widths[row]` most likely tokens of logits (n, V), instead of on a sort of the whole vocabulary.
     Per row: top_k clamped to [1, V] (V = off), widths[row] == top_k[row] where top-k is on; top_p 1, min_p 0 = off."""
     vocab_size, device = logits.shape[1], logits.device
-    width = torch.tensor(widths, device=device)[:, None]               # (n, 1)
-    p = torch.tensor(top_p, device=device)[:, None]                     # (n, 1)
-    p_off = torch.tensor([x >= 1 for x in top_p], device=device)[:, None]  # decided exactly: 1 - 1e-16 is on
-    t = torch.tensor(temperature, device=device)[:, None]               # (n, 1)
-    log_min_p = torch.tensor(min_p or [0.0] * len(widths), device=device).log()[:, None]  # (n, 1), -inf: off
+    width = on_device(widths, torch.long, device)[:, None]             # (n, 1)
+    p = on_device(top_p, torch.float32, device)[:, None]                # (n, 1)
+    p_off = on_device([x >= 1 for x in top_p], torch.bool, device)[:, None]  # decided exactly: 1 - 1e-16 is on
+    t = on_device(temperature, torch.float32, device)[:, None]          # (n, 1)
+    log_min_p = on_device(min_p or [0.0] * len(widths), torch.float32, device).log()[:, None]  # (n, 1), -inf: off
     top, ids = logits.topk(max(widths), dim=-1)                        # (n, K), sorted descending
     scaled = top.float() / t                                           # temperature keeps the order: scale K, not V
     # min-p keeps p >= min_p * p_max, that is logit >= the top logit + log(min_p): a prefix of the candidates
@@ -186,19 +195,19 @@ def top_k_top_p_candidates(logits: torch.Tensor, temperature: list[float], top_k
     probs = scaled.masked_fill(~in_width, -torch.inf).softmax(dim=-1)  # (n, K)
     off = [i for i, k in enumerate(top_k) if k == vocab_size]
     if off:  # ... but top-p alone reads the whole vocabulary's distribution (after min-p)
-        whole = rows(logits, off).float() / t[off]                     # (n_off, V)
-        whole = whole.masked_fill(whole < whole.max(dim=-1, keepdim=True).values + log_min_p[off], -torch.inf)
-        probs[off] = whole.softmax(dim=-1).gather(-1, ids[off]) * in_width[off]
+        whole = rows(logits, off).float() / rows(t, off)               # (n_off, V)
+        whole = whole.masked_fill(whole < whole.max(dim=-1, keepdim=True).values + rows(log_min_p, off), -torch.inf)
+        put_rows(probs, off, whole.softmax(dim=-1).gather(-1, rows(ids, off)) * rows(in_width, off))
     mass_before = probs.cumsum(dim=-1) - probs
     kept = in_width & ((mass_before < p) | p_off)                      # the token that crosses p stays
-    top_k_on = torch.tensor([k < vocab_size for k in top_k], device=device)
+    top_k_on = on_device([k < vocab_size for k in top_k], torch.bool, device)
     last = in_width.gather(-1, width - 1)[:, 0]                        # False: min-p ended inside the candidates
     complete = top_k_on | (width[:, 0] == vocab_size) | ~last | ((probs.sum(dim=-1) >= p[:, 0]) & ~p_off[:, 0])
     probs = probs * kept
     return Candidates(ids, scaled, kept, probs / probs.sum(dim=-1, keepdim=True), complete)
 
 
-# notebooks/06_fast_sampling.ipynb, cell 22
+# notebooks/06_fast_sampling.ipynb, cell 23
 def random_sample(probs: torch.Tensor, widths: list[int], generators: list[torch.Generator | None],
                   generator: torch.Generator | None) -> torch.Tensor:
     """Exponential race: argmax(probs / Exp(1)) is index i with probability probs[i] / sum(probs), without
@@ -209,7 +218,7 @@ def random_sample(probs: torch.Tensor, widths: list[int], generators: list[torch
     if len(shared) == len(generators):
         noise = exponential(probs.shape, generator, probs.device)
     elif shared:
-        noise[shared] = exponential((len(shared), probs.shape[1]), generator, probs.device)
+        put_rows(noise, shared, exponential((len(shared), probs.shape[1]), generator, probs.device))
     for i, g in enumerate(generators):
         if g is not None:
             noise[i, :widths[i]] = exponential((widths[i],), g, probs.device)
@@ -218,14 +227,14 @@ def random_sample(probs: torch.Tensor, widths: list[int], generators: list[torch
     return (probs / noise).argmax(dim=-1)
 
 
-# notebooks/06_fast_sampling.ipynb, cell 22
+# notebooks/06_fast_sampling.ipynb, cell 23
 def exponential(shape, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
     """Exp(1) numbers from `generator`, drawn where it lives (a CPU generator: then copied to device)."""
     where = generator.device if generator is not None else device
     return torch.empty(shape, device=where).exponential_(generator=generator).to(device)
 
 
-# notebooks/06_fast_sampling.ipynb, cell 30
+# notebooks/06_fast_sampling.ipynb, cell 31
 def draw_truncated(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
                    generator: torch.Generator | None, whole: bool = False) -> tuple[torch.Tensor, Candidates]:
     """Draw one token per row of logits (n, V) from its top-k/top-p candidates; -1 where top-p alone needs
@@ -240,7 +249,7 @@ def draw_truncated(logits: torch.Tensor, params: list[SamplingParams], generator
     return torch.where(cand.complete, tokens, -1), cand
 
 
-# notebooks/06_fast_sampling.ipynb, cell 55
+# notebooks/06_fast_sampling.ipynb, cell 56
 def sampling_masks(logits: torch.Tensor, params: list[SamplingParams], token_ids: list[int],
                    candidates: dict[int, tuple[Candidates, int]]) -> tuple[list, list]:
     """For each row of logits (B, V) that asks: the sorted ids its token was drawn from, and logZ, the log of the
@@ -294,15 +303,17 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
     full = [i for i, p in enumerate(params) if not truncates(p, vocab_size)]
     cut = [i for i, p in enumerate(params) if truncates(p, vocab_size) and not p.greedy]
     if greedy:
-        tokens[greedy] = rows(logits, greedy).argmax(dim=-1)
+        put_rows(tokens, greedy, rows(logits, greedy).argmax(dim=-1))
     if full:
-        temperature = torch.tensor([params[i].temperature for i in full], device=logits.device)[:, None]
+        temperature = on_device([params[i].temperature for i in full], torch.float32, logits.device)[:, None]
         probs = (rows(logits, full).float() / temperature).softmax(dim=-1)              # (n, V)
-        tokens[full] = random_sample(probs, [vocab_size] * len(full), [generators[i] for i in full], generator)
+        put_rows(tokens, full, random_sample(probs, [vocab_size] * len(full), [generators[i] for i in full],
+                                             generator))
     candidates = {}
     if cut:
-        tokens[cut], cand = draw_truncated(rows(logits, cut), [params[i] for i in cut],
-                                           [generators[i] for i in cut], generator)
+        drawn, cand = draw_truncated(rows(logits, cut), [params[i] for i in cut], [generators[i] for i in cut],
+                                     generator)
+        put_rows(tokens, cut, drawn)
         candidates.update({row: (cand, j) for j, row in enumerate(cut)})
     raw = logits if raw_logits is None else raw_logits
     token_ids, table = to_host(tokens, sampled_logprob_table(raw, params, tokens))      # one transfer
