@@ -1,4 +1,4 @@
-"""python -m rosellm_edu.benchmarks.gpu --out DIR --tokenizer DIR: the book's GPU claims, checked and timed in one
+"""python -m rosellm_edu.benchmarks.gpu --out DIR: the book's GPU claims, checked and timed in one
 run of a few minutes on one GPU, from the source tree, with what a bare GPU machine has (torch, Triton,
 transformers). No checkpoint travels: every model is a random-weight model of a named shape, built by
 transformers (the reference) and saved for our engine to load; speed does not depend on the weights' values.
@@ -472,13 +472,20 @@ RUNNERS = {"correctness": part_correctness, "decode": part_decode, "engine": par
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rosellm_edu.benchmarks.gpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder for gpu_<part>.json")
-    parser.add_argument("--tokenizer", required=True, help="folder holding tokenizer.json and tokenizer_config.json")
-    parser.add_argument("--smollm2-config", help="SmolLM2-135M's config.json, for the model-runner test's shape")
+    parser.add_argument("--tokenizer", help="folder holding tokenizer.json and tokenizer_config.json (default: the "
+                        "embedded model's, where it is installed)")
+    parser.add_argument("--smollm2-config", help="SmolLM2-135M's config.json, for the model-runner tests' shape "
+                        "(default: the embedded model's, where it is installed)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
     parser.add_argument("--budget-s", type=float, default=420, help="start no part after this many seconds")
     parser.add_argument("--tests-timeout", type=float, default=120)
     parser.add_argument("--smoke", action="store_true", help="toy sizes, on any device: checks the script")
     args = parser.parse_args(argv)
+    if args.tokenizer is None or args.smollm2_config is None:   # on a machine with the package set up
+        from rosellm_edu.model_loader import resolve_model
+        embedded = resolve_model()
+        args.tokenizer = args.tokenizer or str(embedded)
+        args.smollm2_config = args.smollm2_config or str(embedded / "config.json")
     start = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(args.out)

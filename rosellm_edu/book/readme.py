@@ -72,7 +72,7 @@ def render_machines(ms: list[Machine]) -> str:
             p.read_text() for p in m.folder.glob("*.json") if p.name != "machine.json"))})
         features = "a GPU" if m.record.get("kind") == "gpu" else ", ".join(m.record["deciding_flags"]) or "none"
         rows.append([m.key, m.record["device"], features,
-                     str(m.record["cores"]), str(m.record["threads"]), m.record["torch"],
+                     str(m.record["cores"]), str(m.record["threads"] or "-"), m.record["torch"],
                      f"{dates[0]} to {dates[-1]}" if len(dates) > 1 else "".join(dates)])
     return table(["folder in notebooks/data", "device", "deciding features", "cores", "threads", "torch", "measured"],
                  rows, 3)
@@ -264,10 +264,11 @@ def render_gpu(ms: list[Machine]) -> str:
         greedy = checks["greedy_vs_transformers"]
         rows = [
             ["GPT-2's shape (124M), 64 requests x 512 tokens, sampling at temperature 1",
-             f"{engine['batch64_sampling']['tokens_per_s']:,.0f} tokens/s", "roseinfer's post: 14,114 tokens/s (its GPU)"],
+             f"{engine['batch64_sampling']['tokens_per_s']:,.0f} tokens/s",
+             "roseinfer's post: 14,114 tokens/s, 4.58 ms per output token (its own GPU)"],
             ["the same, greedy", f"{engine['batch64_greedy']['tokens_per_s']:,.0f} tokens/s", ""],
             ["GPT-2's shape, one request alone: time per output token",
-             f"{engine['batch1']['tpot_ms']:.2f} ms", "roseinfer's post: 4.58 ms, at batch 64"],
+             f"{engine['batch1']['tpot_ms']:.2f} ms", ""],
             ["a Qwen3-0.6B-shaped model, nano-vllm's workload (256 requests, 100-1,024 tokens in and out, "
              "temperature 0.6)", f"{llama['nano_vllm_workload']['tokens_per_s']:,.0f} tokens/s",
              "nano-vllm: 8,670; vLLM: 9,530 (their README, an A100 at 4,096 tokens of context)"],
@@ -283,7 +284,9 @@ def render_gpu(ms: list[Machine]) -> str:
         ]
         text += (f"{h['device']}, driver {h.get('driver')}, torch {h['torch']}, CUDA {h['cuda']}, "
                  f"{h['date'][:10]}; random weights of each named shape, bfloat16, CUDA graphs on:\n\n"
-                 + table(["what", "measured", "for comparison"], rows, 1) + f"\nReproduce: `{h['command']}`\n")
+                 + table(["what", "measured", "for comparison"], rows, 1)
+                 + f"\nRecorded with `{h['command']}` (`--tokenizer`, `--smollm2-config`: the embedded model's files, "
+                 "which are the defaults where the package is set up).\n")
     return text
 
 
