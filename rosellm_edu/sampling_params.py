@@ -1,12 +1,56 @@
-# Generated from notebooks/01_token_generation.ipynb, notebooks/04a_parallel_sampling.ipynb, notebooks/06_fast_sampling.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/01_token_generation.ipynb, notebooks/04a_parallel_sampling.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/13_structured_output.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
+import json as json_module
 import math
 from dataclasses import dataclass, field
 
 
-# notebooks/06_fast_sampling.ipynb, cell 42
+# notebooks/13_structured_output.ipynb, cell 4
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+# notebooks/13_structured_output.ipynb, cell 4
+@dataclass
+class StructuredOutputsParams:
+    """One constraint on a request's output, under vLLM's names: exactly one of STRUCTURED_KINDS."""
+    json: str | dict | None = None          # a JSON schema, as a dict or its text
+    regex: str | None = None
+    choice: list[str] | None = None         # exactly one of these strings
+    grammar: str | None = None              # EBNF (GBNF) text, root rule `root`
+    json_object: bool | None = None         # any JSON object
+    disable_any_whitespace: bool = False    # JSON written compactly, no free whitespace
+
+    def __post_init__(self):
+        given = [k for k in STRUCTURED_KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(f"StructuredOutputsParams takes exactly one of {', '.join(STRUCTURED_KINDS)}, got "
+                             f"{', '.join(given) or 'none'}")
+        kind, value = given[0], getattr(self, given[0])
+        expected = {"json": (str, dict), "regex": str, "grammar": str, "json_object": bool, "choice": list}[kind]
+        if not isinstance(value, expected) or (kind == "choice" and not all(isinstance(c, str) for c in value)):
+            raise ValueError(f"StructuredOutputsParams.{kind} must be {STRUCTURED_TYPES[kind]}, got {value!r}")
+        if kind == "choice" and not value:
+            raise ValueError("StructuredOutputsParams.choice must list at least one string")
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in STRUCTURED_KINDS if getattr(self, k) not in (None, False))
+
+    def key(self) -> tuple:
+        """Equal for equal constraints: the cache of compiled grammars is keyed by it."""
+        value = getattr(self, self.kind)
+        text = json_module.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+        return self.kind, text, self.disable_any_whitespace
+
+
+# notebooks/13_structured_output.ipynb, cell 4
+STRUCTURED_TYPES = {"json": "a JSON schema (a dict or its text)", "regex": "a string", "grammar": "an EBNF string",
+                    "json_object": "True", "choice": "a list of strings"}
+
+
+# notebooks/13_structured_output.ipynb, cell 5
 @dataclass
 class SamplingParams:
     temperature: float = 1.0
@@ -29,6 +73,7 @@ class SamplingParams:
     logprobs: int | None = None           # alternatives returned per generated token, besides the chosen one
     prompt_logprobs: int | None = None    # the same for every prompt token
     return_sampling_mask: bool = False    # each token's kept vocabulary ids and log Z
+    structured_outputs: StructuredOutputsParams | None = None   # a grammar the output must follow
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -41,11 +86,14 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    # notebooks/13_structured_output.ipynb, cell 6
     def _validate(self):
         check_sampling(self)
         check_penalties(self)
         check_samples(self)
         check_outputs(self)
+        if not isinstance(self.structured_outputs, (StructuredOutputsParams, type(None))):
+            _fail(self, "structured_outputs", "must be a StructuredOutputsParams or None")
 
 
 # notebooks/01_token_generation.ipynb, cell 8

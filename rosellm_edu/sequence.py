@@ -1,4 +1,4 @@
-# Generated from notebooks/01_token_generation.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/06a_logprobs.ipynb, notebooks/08_where_the_time_goes.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/01_token_generation.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/06a_logprobs.ipynb, notebooks/08_where_the_time_goes.ipynb, notebooks/13_structured_output.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -34,11 +34,12 @@ class Sequence:
     stop_reason: str | int | None = None
     generator: torch.Generator | None = None   # the request's own, when it has a seed
 
-    # notebooks/06_fast_sampling.ipynb, cell 50
+    # notebooks/13_structured_output.ipynb, cell 15
     def __post_init__(self):
         self.detokenizer: DecodeStream | None = None   # grows the text token by token, from the first one on
         self.held = range(0)                               # positions whose bytes the stream still holds
         self.processors: ProcessorState | None = None      # the engine's, when the request uses a processor
+        self.grammar: StructuredOutputRequest | None = None   # the engine's, when the request has a grammar
         asked = self.params.return_sampling_mask
         self.sampling_mask: list[list[int]] | None = [] if asked else None   # kept ids per token, when asked
         self.sampling_logz: list[float] | None = [] if asked else None

@@ -1,4 +1,4 @@
-# Generated from notebooks/01_token_generation.ipynb, notebooks/01a_logits_processors.ipynb, notebooks/02_kv_cache.ipynb, notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/04a_parallel_sampling.ipynb, notebooks/05_cuda_graphs.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/06a_logprobs.ipynb, notebooks/08_where_the_time_goes.ipynb, notebooks/11_weight_only_quantization.ipynb, notebooks/12_speculative_decoding.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/01_token_generation.ipynb, notebooks/01a_logits_processors.ipynb, notebooks/02_kv_cache.ipynb, notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/04a_parallel_sampling.ipynb, notebooks/05_cuda_graphs.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/06a_logprobs.ipynb, notebooks/08_where_the_time_goes.ipynb, notebooks/11_weight_only_quantization.ipynb, notebooks/12_speculative_decoding.ipynb, notebooks/13_structured_output.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -25,6 +25,8 @@ from rosellm_edu.spec_decode.draft_model_proposer import DraftModelProposer, loa
 from rosellm_edu.spec_decode.metrics import SpecDecodingStats
 from rosellm_edu.spec_decode.ngram_proposer import NgramProposer
 from rosellm_edu.spec_decode.rejection_sampler import accepted_count
+from rosellm_edu.structured_output.backend import XgrammarBackend
+from rosellm_edu.structured_output.manager import StructuredOutputManager
 from rosellm_edu.timing import choose
 
 
@@ -64,15 +66,17 @@ class LLMEngine:
     """Requests in, outputs out, one step at a time: add_request(), then step() until
     has_unfinished_requests() is False."""
 
-    # notebooks/12_speculative_decoding.ipynb, cell 34
+    # notebooks/13_structured_output.ipynb, cell 19
     def __init__(self, model: str | None = None, *, dtype: str | torch.dtype = "auto", seed: int = 0,
                  device: str | torch.device | None = None, block_size: int = 16, num_kv_blocks: int | None = None,
                  kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
                  enforce_eager: bool = False, max_model_len: int | None = None, quantization: str | None = None,
-                 scheduling_policy: str = "fcfs", prompt_logprobs_chunk: int = 512, speculative_config: dict | None = None):
+                 scheduling_policy: str = "fcfs", prompt_logprobs_chunk: int = 512, speculative_config: dict | None = None,
+                 max_grammar_bytes: int = 65536):
         check_sizes(block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                    num_kv_blocks=num_kv_blocks, max_model_len=max_model_len, prompt_logprobs_chunk=prompt_logprobs_chunk)
+                    num_kv_blocks=num_kv_blocks, max_model_len=max_model_len, prompt_logprobs_chunk=prompt_logprobs_chunk,
+                    max_grammar_bytes=max_grammar_bytes)
         spec = None if speculative_config is None else SpeculativeConfig.from_dict(speculative_config)   # before loading
         self.load(model, dtype, device, quantization)
         if max_model_len is not None:   # a shorter context than the model's, as vLLM's max_model_len
@@ -93,10 +97,11 @@ class LLMEngine:
         self.scheduler = Scheduler(BlockManager(num_blocks, block_size, enable_prefix_caching), max_num_seqs,
                                    max_num_batched_tokens, scheduling_policy, prompt_logprobs_chunk)
         self.runner = ModelRunner(self.model, self.kv_cache, max_num_seqs, self.max_model_len, enforce_eager=enforce_eager)
-        # the sampler draws its noise where the logits are, so the generators live there too
-        self.generator = torch.Generator(self.device).manual_seed(seed)   # on the engine's device
+        self.generator = torch.Generator(self.device).manual_seed(seed)   # the sampler's, where the logits are
         self.speculative_config, self.spec_decoding_stats = spec, SpecDecodingStats()
         self.proposer = None if spec is None else self.make_proposer(spec, draft)
+        self.structured = StructuredOutputManager(
+            lambda: XgrammarBackend(self.tokenizer, self.vocab_size, sorted(self.eos_token_ids)), max_grammar_bytes)
 
     # notebooks/11_weight_only_quantization.ipynb, cell 77
     def load(self, model: str | None, dtype: str | torch.dtype, device: str | torch.device | None,
@@ -125,7 +130,7 @@ class LLMEngine:
             return prompt.get("prompt"), list(prompt["prompt_token_ids"])
         raise ValueError(f"a prompt is a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
 
-    # notebooks/06a_logprobs.ipynb, cell 21
+    # notebooks/13_structured_output.ipynb, cell 18
     def make_sequence(self, request_id: str, prompt: Prompt, params: SamplingParams | None) -> Sequence:
         """Tokenize and check a request; a bad one raises ValueError naming what is wrong."""
         text, ids = self.tokenize(prompt)
@@ -141,6 +146,11 @@ class LLMEngine:
         seeded = None if params.seed is None else torch.Generator(self.device).manual_seed(params.seed)
         seq = Sequence(request_id, text, ids, params, generator=seeded)
         seq.processors = ProcessorState.build(params, ids, self.vocab_size, self.device)   # once (appendix 01a)
+        if params.structured_outputs is not None:
+            try:
+                seq.grammar = self.structured.request(params.structured_outputs)
+            except ValueError as e:
+                raise ValueError(f"request {request_id!r}: SamplingParams.{e}") from None
         return seq
 
     # notebooks/04a_parallel_sampling.ipynb, cell 46
@@ -174,11 +184,12 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    # notebooks/12_speculative_decoding.ipynb, cell 39
+    # notebooks/13_structured_output.ipynb, cell 20
     @torch.no_grad()
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule(self.propose())                         # drafts to verify
         if not batch:
+            self.structured.wait(self.scheduler.waiting)                        # grammars still compiling
             return []
         self.kv_cache.copy_blocks(self.scheduler.block_manager.take_copies())  # copy-on-write, before any write
         logits = self.forward(batch)                                            # (sampled positions, vocab)
@@ -214,7 +225,7 @@ class LLMEngine:
         self.record_prompt_logprobs(batch, owed, logits[sampled:])
         return logits[:sampled]
 
-    # notebooks/12_speculative_decoding.ipynb, cell 41
+    # notebooks/13_structured_output.ipynb, cell 21
     def pick_tokens(self, seqs: list[Sequence], logits: torch.Tensor, drafts: list[list[int]]) -> list[list[tuple]]:
         """For each sequence, from its 1 + len(drafts) rows of logits: the accepted drafts and one token after them, each
         as (token, mask, logZ, logprobs). All rows in one sampler call, one device->host transfer."""
@@ -223,6 +234,9 @@ class LLMEngine:
         params = [seq.params for seq in row_seqs]
         processed = apply_kept_processors(logits, params, [s.processors for s in row_seqs],
                                           [s.output_token_ids for s in row_seqs], self.eos_token_ids, drafted)
+        if any(seq.grammar is not None for seq in seqs):                            # the grammars' bitmask
+            processed = processed.clone() if processed is logits else processed     # logprobs read the model's own
+            self.structured.apply_bitmask(processed, seqs, drafts)
         out = sample(processed, params, [s.generator for s in row_seqs], self.generator, raw_logits=logits)
         picked, row = [], 0
         for draft in drafts:
@@ -395,15 +409,21 @@ class LLMEngine:
         """Acceptance rate and mean accepted length since the engine started (vLLM's spec decoding metrics)."""
         return self.spec_decoding_stats.as_dict()
 
-    # notebooks/12_speculative_decoding.ipynb, cell 41
+    # notebooks/13_structured_output.ipynb, cell 22
     def append_tokens(self, seq: Sequence, picked: list[tuple]) -> int:
-        """Append the picked tokens, with their masks and logprobs, until one finishes the sequence; how many went in."""
+        """Append the picked tokens, with their masks and logprobs, until one finishes the sequence; how many went in.
+        A sequence with a grammar moves its matcher by each token, and finishes when the grammar does."""
         for appended, (token, mask, logz, logprobs) in enumerate(picked, 1):
+            if seq.grammar is not None and not seq.grammar.accept(token):         # only if the mask left nothing
+                seq.finish("stop")
+                return appended - 1
             if seq.params.return_sampling_mask:
                 seq.record_sampling_mask(mask, logz)
             if logprobs is not None:
                 seq.record_logprobs(self.with_text(logprobs), token)
             seq.append_token(token, self.tokenizer, self.eos_token_ids, self.max_model_len)
+            if seq.grammar is not None and seq.grammar.terminated and not seq.finished:   # (ignore_eos)
+                seq.finish("stop", token)
             if seq.finished:                                     # EOS, a stop or max_tokens inside an accepted run
                 break
         return appended

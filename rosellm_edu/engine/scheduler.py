@@ -1,4 +1,4 @@
-# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/04a_parallel_sampling.ipynb, notebooks/06a_logprobs.ipynb, notebooks/12_speculative_decoding.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/04a_parallel_sampling.ipynb, notebooks/06a_logprobs.ipynb, notebooks/12_speculative_decoding.ipynb, notebooks/13_structured_output.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -78,7 +78,7 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    # notebooks/12_speculative_decoding.ipynb, cell 23
+    # notebooks/13_structured_output.ipynb, cell 16
     def schedule(self, drafts: dict[str, list[int]] | None = None) -> list[ScheduledSeq]:
         """drafts[request_id], guesses after a decoding sequence's end, go with it when blocks and budget allow."""
         drafts = drafts or {}
@@ -97,13 +97,14 @@ class Scheduler:
             batch.append(scheduled)
             budget -= scheduled.num_new
             i += 1
-        while self.num_preemptions == preemptions and self.waiting and budget > 0 \
-                and len(self.running) + self.seats(self.waiting[0]) <= self.max_num_seqs:
-            seq = self.waiting[0]
+        while self.num_preemptions == preemptions and budget > 0:
+            seq = self.next_waiting()                                  # the first whose grammar is ready
+            if seq is None or len(self.running) + self.seats(seq) > self.max_num_seqs:
+                break
             computed = self.block_manager.allocate(seq, resumed=seq.request_id in self.preempted)
             if computed is None:
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)                                   # not always the first
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             self.num_computed[seq.request_id] = computed
@@ -238,6 +239,11 @@ class Scheduler:
         self.num_computed[seq.request_id] += num_accepted
         self.block_manager.commit(seq, self.num_computed[seq.request_id])     # full blocks of accepted tokens only
         self.block_manager.trim(seq.request_id, len(seq))
+
+    # notebooks/13_structured_output.ipynb, cell 17
+    def next_waiting(self) -> Sequence | None:
+        """The first waiting sequence whose grammar, if it has one, is compiled: the others do not wait behind it."""
+        return next((s for s in self.waiting if s.grammar is None or s.grammar.ready), None)
 
 
 # notebooks/04a_parallel_sampling.ipynb, cell 34
