@@ -11,6 +11,10 @@ from rosellm_edu.sampling_params import StructuredOutputsParams
 
 
 # notebooks/13_structured_output.ipynb, cell 8
+WHITESPACE_RUN = 16   # the most free whitespace between two JSON tokens: a small model can loop on it for ever
+
+
+# notebooks/13_structured_output.ipynb, cell 8
 class XgrammarBackend:
     """Grammars for one tokenizer, with xgrammar: parsed at once (a bad one is refused before it waits), compiled
     against the vocabulary later (the slow part, for a worker thread), then matched token by token."""
@@ -26,7 +30,7 @@ class XgrammarBackend:
         try:
             if kind in ("json", "json_object"):
                 schema = params.json if kind == "json" else {"type": "object"}
-                return xgr.Grammar.from_json_schema(schema, any_whitespace=not compact)
+                return xgr.Grammar.from_json_schema(schema, any_whitespace=not compact, max_whitespace_cnt=WHITESPACE_RUN)
             if kind == "regex":
                 return xgr.Grammar.from_regex(params.regex)
             if kind == "choice":
