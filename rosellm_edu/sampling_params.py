@@ -7,11 +7,11 @@ import math
 from dataclasses import dataclass, field
 
 
-# notebooks/13_structured_output.ipynb, cell 4
+# notebooks/13_structured_output.ipynb, cell 18
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
-# notebooks/13_structured_output.ipynb, cell 4
+# notebooks/13_structured_output.ipynb, cell 18
 @dataclass
 class StructuredOutputsParams:
     """One constraint on a request's output, under vLLM's names: exactly one of STRUCTURED_KINDS."""
@@ -45,12 +45,12 @@ class StructuredOutputsParams:
         return self.kind, text, self.disable_any_whitespace
 
 
-# notebooks/13_structured_output.ipynb, cell 4
+# notebooks/13_structured_output.ipynb, cell 18
 STRUCTURED_TYPES = {"json": "a JSON schema (a dict or its text)", "regex": "a string", "grammar": "an EBNF string",
                     "json_object": "True", "choice": "a list of strings"}
 
 
-# notebooks/13_structured_output.ipynb, cell 5
+# notebooks/13_structured_output.ipynb, cell 20
 @dataclass
 class SamplingParams:
     temperature: float = 1.0
@@ -86,7 +86,7 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    # notebooks/13_structured_output.ipynb, cell 6
+    # notebooks/13_structured_output.ipynb, cell 21
     def _validate(self):
         check_sampling(self)
         check_penalties(self)

@@ -10,11 +10,11 @@ import xgrammar as xgr
 from rosellm_edu.sampling_params import StructuredOutputsParams
 
 
-# notebooks/13_structured_output.ipynb, cell 8
+# notebooks/13_structured_output.ipynb, cell 23
 WHITESPACE_RUN = 16   # the most free whitespace between two JSON tokens: a small model can loop on it for ever
 
 
-# notebooks/13_structured_output.ipynb, cell 8
+# notebooks/13_structured_output.ipynb, cell 23
 class XgrammarBackend:
     """Grammars for one tokenizer, with xgrammar: parsed at once (a bad one is refused before it waits), compiled
     against the vocabulary later (the slow part, for a worker thread), then matched token by token."""
@@ -39,23 +39,23 @@ class XgrammarBackend:
         except RuntimeError as e:   # xgrammar prefixes its messages with a time and a C++ file
             raise ValueError(re.sub(r"^\[[\d:]+\] \S+: ", "", str(e)).strip()) from None
 
-    # notebooks/13_structured_output.ipynb, cell 9
+    # notebooks/13_structured_output.ipynb, cell 24
     def compile(self, grammar: xgr.Grammar) -> xgr.CompiledGrammar:
         return self.compiler.compile_grammar(grammar)
 
-    # notebooks/13_structured_output.ipynb, cell 9
+    # notebooks/13_structured_output.ipynb, cell 24
     def matcher(self, compiled: xgr.CompiledGrammar) -> xgr.GrammarMatcher:
         return xgr.GrammarMatcher(compiled)
 
-    # notebooks/13_structured_output.ipynb, cell 9
+    # notebooks/13_structured_output.ipynb, cell 24
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
         return xgr.allocate_token_bitmask(rows, self.vocab_size)     # (rows, ceil(V / 32)) int32, on the CPU
 
-    # notebooks/13_structured_output.ipynb, cell 9
+    # notebooks/13_structured_output.ipynb, cell 24
     def fill(self, matchers: list[xgr.GrammarMatcher], bitmask: torch.Tensor, rows: list[int]) -> None:
         self.batch.batch_fill_next_token_bitmask(matchers, bitmask, indices=rows)   # one call for the batch
 
-    # notebooks/13_structured_output.ipynb, cell 9
+    # notebooks/13_structured_output.ipynb, cell 24
     def apply(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
         """-inf wherever a row's bit is 0, in place, on the rows listed only."""
         xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True), indices=rows)

@@ -13,7 +13,7 @@ from rosellm_edu.sequence import Sequence
 from rosellm_edu.structured_output.request import StructuredOutputRequest
 
 
-# notebooks/13_structured_output.ipynb, cell 11
+# notebooks/13_structured_output.ipynb, cell 28
 class StructuredOutputManager:
     """The engine's grammars: each distinct constraint compiled once, on a worker thread, and each step's bitmask
     filled for the whole batch in one call and applied to the rows that asked for it."""
@@ -30,7 +30,7 @@ class StructuredOutputManager:
             self._backend = self.make_backend()
         return self._backend
 
-    # notebooks/13_structured_output.ipynb, cell 12
+    # notebooks/13_structured_output.ipynb, cell 29
     def request(self, params: StructuredOutputsParams) -> StructuredOutputRequest:
         """A sequence's grammar, compiling in the background; a ValueError naming the field if it cannot be."""
         key = params.key()
@@ -48,7 +48,7 @@ class StructuredOutputManager:
         self.compiled.move_to_end(key)
         return StructuredOutputRequest(self.compiled[key], self.backend)
 
-    # notebooks/13_structured_output.ipynb, cell 13
+    # notebooks/13_structured_output.ipynb, cell 31
     def apply_bitmask(self, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]]) -> None:
         """Mask, in place, the rows of logits (B, V) whose sequence has a grammar. A sequence owns 1 + len(drafts)
         rows; its row j is masked by its grammar after drafts[:j], on a fork of its matcher (its own stays put)."""
@@ -71,7 +71,7 @@ class StructuredOutputManager:
         self.backend.fill(matchers, self._bitmask, rows)
         self.backend.apply(logits, self._bitmask[:len(logits)], rows)
 
-    # notebooks/13_structured_output.ipynb, cell 13
+    # notebooks/13_structured_output.ipynb, cell 31
     def wait(self, seqs, timeout: float = 0.01) -> None:
         """Nothing could run: sleep until one of these sequences' grammars is compiled, or timeout (no busy loop)."""
         pending = [s.grammar.compiled for s in seqs if s.grammar is not None and not s.grammar.ready]
