@@ -37,6 +37,8 @@ def serve_args(argv: list[str]) -> argparse.Namespace:
                              '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\'')
     parser.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                         help="priority: requests with a lower `priority` field run first (vLLM's)")
+    parser.add_argument("--max-grammar-bytes", type=int, default=65536,
+                        help="the largest schema, regex or grammar a request may constrain its output with (chapter 13)")
     parser.add_argument("--api-key", default=os.environ.get("ROSELLM_API_KEY"),
                         help="every /v1 route then needs `Authorization: Bearer KEY` (default: $ROSELLM_API_KEY; "
                              "/health, /metrics, /tokenize and /detokenize stay open)")
@@ -57,6 +59,8 @@ def serve_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.max_buffered_outputs < 1:
         parser.error(f"--max-buffered-outputs must be positive, got {args.max_buffered_outputs}")
+    if args.max_grammar_bytes < 1:
+        parser.error(f"--max-grammar-bytes must be positive, got {args.max_grammar_bytes}")
     return args
 
 
@@ -77,7 +81,7 @@ def build_engine(args: argparse.Namespace):
                      max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                      enable_prefix_caching=not args.no_prefix_caching, max_model_len=args.max_model_len,
                      quantization=args.quantization, speculative_config=args.speculative_config,
-                     scheduling_policy=args.scheduling_policy)
+                     scheduling_policy=args.scheduling_policy, max_grammar_bytes=args.max_grammar_bytes)
 
 
 def serve(argv: list[str]) -> None:

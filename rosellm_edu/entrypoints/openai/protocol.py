@@ -1,4 +1,4 @@
-# Generated from notebooks/07_serving.ipynb, notebooks/07a_server_hardening.ipynb, notebooks/07b_responses_api.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/07_serving.ipynb, notebooks/07a_server_hardening.ipynb, notebooks/07b_responses_api.ipynb, notebooks/13a_structured_server.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -7,7 +7,8 @@ import time
 import uuid
 from typing import Annotated, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_serializer
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_serializer,
+                      model_validator)
 
 from rosellm_edu.sampling_params import SamplingParams
 
@@ -104,12 +105,13 @@ class SamplingRequest(OpenAIBaseModel):
             raise ValueError("SamplingParams.logit_bias keys must be token ids (integers as strings)") from None
 
 
-# notebooks/07_serving.ipynb, cell 48
+# notebooks/13a_structured_server.ipynb, cell 43
 # Fields of OpenAI's or vLLM's API this server does not implement, and the values at which they change nothing.
+# response_format is a field now; tools, tool_choice and parallel_tool_calls are chat's (completions has none).
 NO_OP_VALUES: dict[str, list] = {
     "best_of": [None, 1], "suffix": [None, ""], "use_beam_search": [None, False], "length_penalty": [None, 1.0],
     "tools": [None, []], "tool_choice": [None, "none", "auto"], "parallel_tool_calls": [None, True, False],
-    "functions": [None, []], "function_call": [None, "none", "auto"], "response_format": [None, {"type": "text"}],
+    "functions": [None, []], "function_call": [None, "none", "auto"],
     "modalities": [None, ["text"]], "store": [None, False], "service_tier": [None, "auto", "default"],
     "metadata": [None, {}], "add_generation_prompt": [True], "add_special_tokens": [None, False],
 }
@@ -134,8 +136,54 @@ NonEmpty = Field(min_length=1)   # an empty prompt, or batch, is refused: the sc
 Text, TokenIds = Annotated[str, NonEmpty], Annotated[list[int], NonEmpty]
 
 
-# notebooks/07_serving.ipynb, cell 50
-class CompletionRequest(SamplingRequest):
+# notebooks/13a_structured_server.ipynb, cell 6
+class JsonSchemaFormat(OpenAIBaseModel):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict = Field(alias="schema")   # `schema` is taken: pydantic's BaseModel has a method of that name
+    strict: bool | None = None              # strict or not, the answer follows the schema
+
+
+# notebooks/13a_structured_server.ipynb, cell 6
+class ResponseFormat(OpenAIBaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type json_schema needs json_schema: {name, schema}")
+        return self
+
+
+# notebooks/13a_structured_server.ipynb, cell 7
+class ConstrainedRequest(OpenAIBaseModel):
+    """The fields that constrain an answer: OpenAI's response_format, vLLM's structured_outputs and its older
+    guided_* names. Completions and chat both take them."""
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict | None = None   # {json | regex | choice | grammar | json_object, disable_any_whitespace}
+    guided_json: str | dict | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = Field(None, min_length=1)
+    guided_grammar: str | None = None
+    guided_decoding_backend: Literal["auto", "xgrammar"] | None = None   # this server has one backend
+
+    def constraint_fields(self) -> list[tuple[str, dict]]:
+        """(the field, StructuredOutputsParams' arguments) for each constraint the request gives."""
+        found, fmt = [], self.response_format
+        if fmt is not None and fmt.type != "text":
+            found.append(("response_format.json_schema.schema", {"json": fmt.json_schema.schema_})
+                         if fmt.type == "json_schema" else ("response_format", {"json_object": True}))
+        if self.structured_outputs is not None:
+            found.append(("structured_outputs", self.structured_outputs))
+        for kind in ("json", "regex", "choice", "grammar"):
+            if (value := getattr(self, f"guided_{kind}")) is not None:
+                found.append((f"guided_{kind}", {kind: value}))
+        return found
+
+
+# notebooks/13a_structured_server.ipynb, cell 9
+class CompletionRequest(SamplingRequest, ConstrainedRequest):   # ConstrainedRequest's fields
     prompt: Text | TokenIds | Annotated[list[Text], NonEmpty] | Annotated[list[TokenIds], NonEmpty]
     max_tokens: int | None = Field(16, ge=1)   # None: up to the context
     logprobs: int | None = Field(None, ge=0, le=20)
@@ -147,12 +195,31 @@ class CompletionRequest(SamplingRequest):
         return [self.prompt] if one else list(self.prompt)
 
 
-# notebooks/07_serving.ipynb, cell 50
+# notebooks/13a_structured_server.ipynb, cell 4
+def call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"   # OpenAI's shape for a tool call's id
+
+
+# notebooks/13a_structured_server.ipynb, cell 4
+class FunctionCall(OpenAIBaseModel):
+    name: str
+    arguments: str            # the arguments as JSON text, as OpenAI sends them
+
+
+# notebooks/13a_structured_server.ipynb, cell 4
+class ToolCall(OpenAIBaseModel):
+    id: str = Field(default_factory=call_id)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+# notebooks/13a_structured_server.ipynb, cell 5
 class ChatMessage(OpenAIBaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict] | None = None   # a string, or a list of {"type": "text", "text": ...} parts
     name: str | None = None
-    tool_call_id: str | None = None
+    tool_call_id: str | None = None           # a tool's result names the call it answers
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls, sent back as history
 
     @field_validator("content")
     @classmethod
@@ -172,13 +239,41 @@ class ChatMessage(OpenAIBaseModel):
                 "content": self.content or ""}
 
 
-# notebooks/07_serving.ipynb, cell 51
-class ChatCompletionRequest(SamplingRequest):
+# notebooks/13a_structured_server.ipynb, cell 16
+class FunctionDefinition(OpenAIBaseModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")   # OpenAI's rule for a function's name
+    description: str | None = None
+    parameters: dict | None = None     # a JSON schema of the arguments (an object); None: no arguments
+    strict: bool | None = None
+
+
+# notebooks/13a_structured_server.ipynb, cell 16
+class ChatTool(OpenAIBaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+# notebooks/13a_structured_server.ipynb, cell 16
+class FunctionName(OpenAIBaseModel):
+    name: str
+
+
+# notebooks/13a_structured_server.ipynb, cell 16
+class NamedToolChoice(OpenAIBaseModel):
+    type: Literal["function"]
+    function: FunctionName
+
+
+# notebooks/13a_structured_server.ipynb, cell 17
+class ChatCompletionRequest(SamplingRequest, ConstrainedRequest):   # ConstrainedRequest's fields
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None   # None is auto
+    parallel_tool_calls: bool | None = None                                       # False: one call at most
 
     def sampling_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
@@ -260,39 +355,58 @@ class CompletionResponse(OpenAIObject):   # a whole completion, and each chunk o
     usage: UsageInfo | None = None
 
 
-# notebooks/07_serving.ipynb, cell 56
+# notebooks/13a_structured_server.ipynb, cell 35
 class ChatMessageOut(OpenAIResponse):
+    optional_keys: ClassVar[frozenset[str]] = frozenset({"tool_calls"})   # sent when there are calls
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None                   # None when the answer is calls only
+    tool_calls: list[ToolCall] = []
 
 
-# notebooks/07_serving.ipynb, cell 56
+# notebooks/13a_structured_server.ipynb, cell 35
+class DeltaFunctionCall(OpenAIResponse):
+    optional_keys: ClassVar[frozenset[str]] = frozenset({"name"})
+    name: str | None = None               # in a call's first delta only
+    arguments: str = ""
+
+
+# notebooks/13a_structured_server.ipynb, cell 35
+class DeltaToolCall(OpenAIResponse):
+    optional_keys: ClassVar[frozenset[str]] = frozenset({"id", "type"})
+    index: int                            # which call of the message this delta adds to
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
+# notebooks/13a_structured_server.ipynb, cell 35
 class DeltaMessage(OpenAIResponse):
-    optional_keys: ClassVar[frozenset[str]] = frozenset({"role", "content"})
+    optional_keys: ClassVar[frozenset[str]] = frozenset({"role", "content", "tool_calls"})
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
-# notebooks/07_serving.ipynb, cell 57
-class ChatChoice(MaskedChoice):
+# notebooks/13a_structured_server.ipynb, cell 36
+class ChatChoice(MaskedChoice):        # as chapter 07's, holding the new message types
     message: ChatMessageOut
     logprobs: ChatLogprobs | None = None
 
 
-# notebooks/07_serving.ipynb, cell 57
+# notebooks/13a_structured_server.ipynb, cell 36
 class ChatChunkChoice(MaskedChoice):
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
 
 
-# notebooks/07_serving.ipynb, cell 57
+# notebooks/13a_structured_server.ipynb, cell 36
 class ChatCompletionResponse(OpenAIObject):
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: UsageInfo
 
 
-# notebooks/07_serving.ipynb, cell 57
+# notebooks/13a_structured_server.ipynb, cell 36
 class ChatCompletionChunk(OpenAIObject):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     choices: list[ChatChunkChoice]

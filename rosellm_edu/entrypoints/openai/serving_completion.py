@@ -1,4 +1,4 @@
-# Generated from notebooks/07_serving.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/07_serving.ipynb, notebooks/13a_structured_server.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -7,17 +7,17 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from rosellm_edu.entrypoints.openai.constraints import add_constrained, constrained, request_constraint
 from rosellm_edu.entrypoints.openai.errors import ERRORS
 from rosellm_edu.entrypoints.openai.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest,
                                                      CompletionResponse, random_id)
-from rosellm_edu.entrypoints.openai.serving_engine import (Piece, ResponseState, add_requests, check_prompt,
-                                                           check_request, clamp, encode_prompts, event_stream, in_pool,
-                                                           merge, sampling_params, stream_events, token_text,
-                                                           whole_response)
+from rosellm_edu.entrypoints.openai.serving_engine import (Piece, ResponseState, check_prompt, check_request, clamp,
+                                                           encode_prompts, event_stream, in_pool, merge,
+                                                           sampling_params, stream_events, token_text, whole_response)
 
 
-# notebooks/07_serving.ipynb, cell 79
-router = APIRouter()
+# notebooks/13a_structured_server.ipynb, cell 41
+router = APIRouter()   # a new one: the route below takes the place of chapter 07's
 
 
 # notebooks/07_serving.ipynb, cell 79
@@ -35,19 +35,20 @@ def completion_logprobs(tokenizer, piece: Piece) -> CompletionLogprobs:
     return out
 
 
-# notebooks/07_serving.ipynb, cell 82
+# notebooks/13a_structured_server.ipynb, cell 41
 @router.post("/v1/completions", response_model=CompletionResponse,
              responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}})
 async def create_completion(body: CompletionRequest, raw: Request) -> Response:
     check_request(raw, body)
+    constraint = request_constraint(body)
     batch = body.prompts()
     prompts = await in_pool(raw, encode_prompts, batch, body.echo)
     echo_logprobs = body.logprobs if body.echo else None
-    params = [sampling_params(raw, body, check_prompt(raw, ids, body.max_tokens, "prompt"), body.logprobs,
-                              echo_logprobs) for _, ids in prompts]
+    params = [constrained(sampling_params(raw, body, check_prompt(raw, ids, body.max_tokens, "prompt"), body.logprobs,
+                                          echo_logprobs), constraint) for _, ids in prompts]   # constrained
     request_id, created = random_id("cmpl"), int(time.time())
     state = ResponseState(raw, body, prompts, echo=body.echo)
-    outputs = merge(await add_requests(raw, request_id, prompts, params, body.priority))
+    outputs = merge(await add_constrained(raw, request_id, prompts, params, body.priority, constraint))
 
     def choice(piece: Piece) -> CompletionChoice:
         logprobs = None if body.logprobs is None else completion_logprobs(raw.app.state.tokenizer, piece)
