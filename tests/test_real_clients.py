@@ -1,10 +1,11 @@
 """Clients nobody here wrote, run unmodified against the server on loopback: the openai client, langchain-openai,
-guidellm, lm-evaluation-harness (`local-completions`) and schemathesis.
+instructor, guidellm, lm-evaluation-harness (`local-completions`) and schemathesis.
 
 What each client gets back is checked against a reference that does not go through the server: transformers in
 float32 (greedy continuations, log-softmax), lm-eval's own `hf` backend on the same model, the server's own OpenAPI
-schema. When a client fails, the assertion names the exact requests the server refused and what it answered
-(tests/clients/recorder.py keeps them), not the client's summary of it.
+schema, and for structured output the schema itself (jsonschema) and the client's own parsing. When a client
+fails, the assertion names the exact requests the server refused and what it answered (tests/clients/recorder.py
+keeps them), not the client's summary of it.
 
 A test skips only when its client package is not installed (`pip install -e ".[test]"` installs them all)."""
 
@@ -18,9 +19,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import jsonschema
 import openai
 import pytest
 import torch
+from pydantic import BaseModel
 
 from clients.recorder import Recorder
 from rosellm_edu.engine.async_llm_engine import AsyncLLMEngine
@@ -396,23 +399,112 @@ def test_langchain_chat_openai_logprobs_equal_transformers_log_softmax(served, h
     assert_close_lists([c["logprob"] for c in content], expected_logprobs(hf_model, prompt_ids, new_ids), "logprob")
 
 
-def test_langchain_with_structured_output_is_refused_naming_response_format(served):
-    """langchain's default method sends response_format json_schema (strict). Honouring it needs constrained
-    decoding, which the engine does not have: the server must say so in a 400 naming the field, not answer with
-    text that does not parse."""
-    langchain_openai = pytest.importorskip("langchain_openai")
-    import openai
-    from pydantic import BaseModel
+# ---- structured output and tool calls (appendix 13a): each parsed result checked against its schema ----
 
-    class City(BaseModel):
-        name: str
-        country: str
+class City(BaseModel):
+    name: str
+    country: str
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city, now.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+CITY_QUESTION = [{"role": "user", "content": "Name a city in France, as JSON."}]
+WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_openai_parse_with_a_pydantic_model_gives_an_instance_of_the_model(served, client):
+    parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+    with refusals_shown(served):
+        completion = parse(model=MODEL, messages=CITY_QUESTION, response_format=City, temperature=0, max_tokens=60)
+    message = completion.choices[0].message
+    jsonschema.validate(json.loads(message.content), City.model_json_schema())
+    assert message.parsed == City.model_validate_json(message.content)
+    assert completion.choices[0].finish_reason == "stop"
+
+
+def test_openai_response_format_json_schema_answer_follows_the_schema(served, client):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+              "required": ["city", "population"], "additionalProperties": False}
+    with refusals_shown(served):
+        completion = client.chat.completions.create(
+            model=MODEL, messages=CITY_QUESTION, temperature=0, max_tokens=60,
+            response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": True}})
+    jsonschema.validate(json.loads(completion.choices[0].message.content), schema)
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_openai_forced_tool_calls_name_a_tool_and_follow_its_schema(served, client, tool_choice):
+    with refusals_shown(served):
+        completion = client.chat.completions.create(model=MODEL, messages=WEATHER_QUESTION, tools=[WEATHER_TOOL],
+                                                    tool_choice=tool_choice, temperature=0, max_tokens=60)
+    choice = completion.choices[0]
+    assert (choice.finish_reason, choice.message.content) == ("tool_calls", None)
+    assert choice.message.tool_calls
+    for call in choice.message.tool_calls:
+        assert call.function.name == "get_weather" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER_TOOL["function"]["parameters"])
+
+
+def test_openai_streamed_tool_calls_reassemble_to_the_whole_answer(served, client):
+    ask = dict(model=MODEL, messages=WEATHER_QUESTION, tools=[WEATHER_TOOL], tool_choice="required", temperature=0,
+               max_tokens=60)
+    with refusals_shown(served):
+        whole = client.chat.completions.create(**ask).choices[0].message.tool_calls
+        with client.chat.completions.stream(**ask) as stream:   # the client's own accumulator joins the deltas
+            final = stream.get_final_completion()
+    assert final.choices[0].finish_reason == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in final.choices[0].message.tool_calls] == \
+           [(c.function.name, c.function.arguments) for c in whole]
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_langchain_with_structured_output_gives_a_valid_instance(served, method):
+    """json_schema sends response_format (strict); function_calling sends the model as a tool, named in
+    tool_choice. Either way langchain parses the answer into the pydantic model."""
+    langchain_openai = pytest.importorskip("langchain_openai")
+    chat = langchain_openai.ChatOpenAI(model=MODEL, base_url=served.url, api_key="unused", temperature=0,
+                                       max_tokens=60, max_retries=0)
+    with refusals_shown(served):
+        city = chat.with_structured_output(City, method=method).invoke("Name a city in France.")
+    assert isinstance(city, City)
+    assert City.model_validate(city.model_dump()) == city
+
+
+def test_langchain_bind_tools_round_trip(served):
+    """The loop of langchain's tool-calling agents: the model calls, the tool runs, its result goes back as a
+    ToolMessage beside the AIMessage that called, and the model answers."""
+    langchain_openai = pytest.importorskip("langchain_openai")
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather in a city, now."""
+        return json.dumps({"city": city, "sky": "clear"})
 
     chat = langchain_openai.ChatOpenAI(model=MODEL, base_url=served.url, api_key="unused", temperature=0,
                                        max_tokens=40, max_retries=0)
-    with pytest.raises(openai.BadRequestError) as refused:
-        chat.with_structured_output(City).invoke("Name a city in France, as JSON.")
-    assert refused.value.body["param"] == "response_format"
+    messages = [HumanMessage("What is the weather in Paris?")]
+    with refusals_shown(served):
+        called = chat.bind_tools([get_weather], tool_choice="get_weather").invoke(messages)
+        assert [c["name"] for c in called.tool_calls] == ["get_weather"] and not called.invalid_tool_calls
+        jsonschema.validate(called.tool_calls[0]["args"], get_weather.tool_call_schema.model_json_schema())
+        messages += [called, ToolMessage(get_weather.invoke(called.tool_calls[0]["args"]),
+                                         tool_call_id=called.tool_calls[0]["id"])]
+        answer = chat.bind_tools([get_weather]).invoke(messages)
+    assert answer.response_metadata["finish_reason"] in ("stop", "length", "tool_calls")
+    assert isinstance(answer.content, str) and (answer.content or answer.tool_calls)
+
+
+@pytest.mark.parametrize("mode", ["JSON_SCHEMA", "TOOLS"])
+def test_instructor_gives_a_valid_instance(served, client, mode):
+    instructor = pytest.importorskip("instructor")
+    patched = instructor.from_openai(client, mode=getattr(instructor.Mode, mode))
+    with refusals_shown(served):
+        city = patched.chat.completions.create(model=MODEL, messages=CITY_QUESTION, response_model=City,
+                                               temperature=0, max_tokens=60, max_retries=0)
+    assert isinstance(city, City) and City.model_validate(city.model_dump()) == city
 
 
 def test_langchain_openai_completions_class_equals_transformers_greedy(served, hf_model, tokenizer):

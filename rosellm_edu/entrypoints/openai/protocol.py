@@ -355,7 +355,7 @@ class CompletionResponse(OpenAIObject):   # a whole completion, and each chunk o
     usage: UsageInfo | None = None
 
 
-# notebooks/13a_structured_server.ipynb, cell 35
+# notebooks/13a_structured_server.ipynb, cell 32
 class ChatMessageOut(OpenAIResponse):
     optional_keys: ClassVar[frozenset[str]] = frozenset({"tool_calls"})   # sent when there are calls
     role: Literal["assistant"] = "assistant"
@@ -363,14 +363,14 @@ class ChatMessageOut(OpenAIResponse):
     tool_calls: list[ToolCall] = []
 
 
-# notebooks/13a_structured_server.ipynb, cell 35
+# notebooks/13a_structured_server.ipynb, cell 32
 class DeltaFunctionCall(OpenAIResponse):
     optional_keys: ClassVar[frozenset[str]] = frozenset({"name"})
     name: str | None = None               # in a call's first delta only
     arguments: str = ""
 
 
-# notebooks/13a_structured_server.ipynb, cell 35
+# notebooks/13a_structured_server.ipynb, cell 32
 class DeltaToolCall(OpenAIResponse):
     optional_keys: ClassVar[frozenset[str]] = frozenset({"id", "type"})
     index: int                            # which call of the message this delta adds to
@@ -379,7 +379,7 @@ class DeltaToolCall(OpenAIResponse):
     function: DeltaFunctionCall
 
 
-# notebooks/13a_structured_server.ipynb, cell 35
+# notebooks/13a_structured_server.ipynb, cell 32
 class DeltaMessage(OpenAIResponse):
     optional_keys: ClassVar[frozenset[str]] = frozenset({"role", "content", "tool_calls"})
     role: Literal["assistant"] | None = None
@@ -387,26 +387,26 @@ class DeltaMessage(OpenAIResponse):
     tool_calls: list[DeltaToolCall] | None = None
 
 
-# notebooks/13a_structured_server.ipynb, cell 36
+# notebooks/13a_structured_server.ipynb, cell 33
 class ChatChoice(MaskedChoice):        # as chapter 07's, holding the new message types
     message: ChatMessageOut
     logprobs: ChatLogprobs | None = None
 
 
-# notebooks/13a_structured_server.ipynb, cell 36
+# notebooks/13a_structured_server.ipynb, cell 33
 class ChatChunkChoice(MaskedChoice):
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
 
 
-# notebooks/13a_structured_server.ipynb, cell 36
+# notebooks/13a_structured_server.ipynb, cell 33
 class ChatCompletionResponse(OpenAIObject):
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: UsageInfo
 
 
-# notebooks/13a_structured_server.ipynb, cell 36
+# notebooks/13a_structured_server.ipynb, cell 33
 class ChatCompletionChunk(OpenAIObject):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     choices: list[ChatChunkChoice]
