@@ -105,7 +105,7 @@ class SamplingRequest(OpenAIBaseModel):
             raise ValueError("SamplingParams.logit_bias keys must be token ids (integers as strings)") from None
 
 
-# notebooks/13a_structured_server.ipynb, cell 43
+# notebooks/13a_structured_server.ipynb, cell 47
 # Fields of OpenAI's or vLLM's API this server does not implement, and the values at which they change nothing.
 # response_format is a field now; tools, tool_choice and parallel_tool_calls are chat's (completions has none).
 NO_OP_VALUES: dict[str, list] = {
@@ -355,7 +355,7 @@ class CompletionResponse(OpenAIObject):   # a whole completion, and each chunk o
     usage: UsageInfo | None = None
 
 
-# notebooks/13a_structured_server.ipynb, cell 32
+# notebooks/13a_structured_server.ipynb, cell 33
 class ChatMessageOut(OpenAIResponse):
     optional_keys: ClassVar[frozenset[str]] = frozenset({"tool_calls"})   # sent when there are calls
     role: Literal["assistant"] = "assistant"
@@ -363,14 +363,14 @@ class ChatMessageOut(OpenAIResponse):
     tool_calls: list[ToolCall] = []
 
 
-# notebooks/13a_structured_server.ipynb, cell 32
+# notebooks/13a_structured_server.ipynb, cell 33
 class DeltaFunctionCall(OpenAIResponse):
     optional_keys: ClassVar[frozenset[str]] = frozenset({"name"})
     name: str | None = None               # in a call's first delta only
     arguments: str = ""
 
 
-# notebooks/13a_structured_server.ipynb, cell 32
+# notebooks/13a_structured_server.ipynb, cell 33
 class DeltaToolCall(OpenAIResponse):
     optional_keys: ClassVar[frozenset[str]] = frozenset({"id", "type"})
     index: int                            # which call of the message this delta adds to
@@ -379,7 +379,7 @@ class DeltaToolCall(OpenAIResponse):
     function: DeltaFunctionCall
 
 
-# notebooks/13a_structured_server.ipynb, cell 32
+# notebooks/13a_structured_server.ipynb, cell 33
 class DeltaMessage(OpenAIResponse):
     optional_keys: ClassVar[frozenset[str]] = frozenset({"role", "content", "tool_calls"})
     role: Literal["assistant"] | None = None
@@ -387,26 +387,26 @@ class DeltaMessage(OpenAIResponse):
     tool_calls: list[DeltaToolCall] | None = None
 
 
-# notebooks/13a_structured_server.ipynb, cell 33
+# notebooks/13a_structured_server.ipynb, cell 34
 class ChatChoice(MaskedChoice):        # as chapter 07's, holding the new message types
     message: ChatMessageOut
     logprobs: ChatLogprobs | None = None
 
 
-# notebooks/13a_structured_server.ipynb, cell 33
+# notebooks/13a_structured_server.ipynb, cell 34
 class ChatChunkChoice(MaskedChoice):
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
 
 
-# notebooks/13a_structured_server.ipynb, cell 33
+# notebooks/13a_structured_server.ipynb, cell 34
 class ChatCompletionResponse(OpenAIObject):
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: UsageInfo
 
 
-# notebooks/13a_structured_server.ipynb, cell 33
+# notebooks/13a_structured_server.ipynb, cell 34
 class ChatCompletionChunk(OpenAIObject):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     choices: list[ChatChunkChoice]

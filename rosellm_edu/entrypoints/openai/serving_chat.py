@@ -25,7 +25,7 @@ from rosellm_edu.entrypoints.openai.tool_calls import (array_calls, check_tools,
 from rosellm_edu.outputs import Logprob, RequestOutput
 
 
-# notebooks/13a_structured_server.ipynb, cell 40
+# notebooks/13a_structured_server.ipynb, cell 42
 router = APIRouter()   # a new one: the route below takes the place of chapter 07's
 
 
@@ -44,7 +44,7 @@ def chat_logprobs(tokenizer, piece: Piece, top: int) -> ChatLogprobs:
     return ChatLogprobs(content=content)
 
 
-# notebooks/13a_structured_server.ipynb, cell 35
+# notebooks/13a_structured_server.ipynb, cell 36
 @dataclass
 class ChoiceStream:
     """What one streamed choice has sent: its text so far, how much of it went out as content, and per call
@@ -54,12 +54,12 @@ class ChoiceStream:
     arguments_sent: list[int] = field(default_factory=list)
 
 
-# notebooks/13a_structured_server.ipynb, cell 35
+# notebooks/13a_structured_server.ipynb, cell 36
 def called(finish_reason: str | None) -> str | None:
     return "tool_calls" if finish_reason == "stop" else finish_reason   # a cut answer stays "length"
 
 
-# notebooks/13a_structured_server.ipynb, cell 35
+# notebooks/13a_structured_server.ipynb, cell 37
 class ChatAnswer:
     """A choice's text as the message it is: text, or tool calls, as tool_choice asks."""
 
@@ -85,7 +85,7 @@ class ChatAnswer:
         return {"message": ChatMessageOut(content=found[0], tool_calls=calls),
                 "finish_reason": called(piece.finish_reason)}
 
-    # notebooks/13a_structured_server.ipynb, cell 36
+    # notebooks/13a_structured_server.ipynb, cell 38
     def delta(self, piece: Piece) -> dict:
         """A streamed choice's chunk fields: the new text, or the calls' new parts, and finish_reason. auto holds
         back what may begin a <tool_call> and reads the calls once the answer is whole."""
@@ -101,7 +101,7 @@ class ChatAnswer:
         delta = DeltaMessage(**({"content": content} if content else {}), **({"tool_calls": calls} if calls else {}))
         return {"delta": delta, "finish_reason": called(piece.finish_reason) if found else piece.finish_reason}
 
-    # notebooks/13a_structured_server.ipynb, cell 36
+    # notebooks/13a_structured_server.ipynb, cell 38
     def call_deltas(self, s: ChoiceStream, calls: list[tuple[str, str]]) -> list[DeltaToolCall]:
         """OpenAI's stream of calls: a call's first delta has its index, id, type and name (and the arguments so
         far); each later one adds to its arguments."""
@@ -118,7 +118,7 @@ class ChatAnswer:
         return deltas
 
 
-# notebooks/13a_structured_server.ipynb, cell 37
+# notebooks/13a_structured_server.ipynb, cell 39
 async def chat_events(state: ResponseState, outputs: AsyncIterator[tuple[int, RequestOutput]],
                       make_chunk: Callable[..., ChatCompletionChunk], logprobs,
                       answer: ChatAnswer) -> AsyncIterator[str]:
@@ -133,7 +133,7 @@ async def chat_events(state: ResponseState, outputs: AsyncIterator[tuple[int, Re
         yield event
 
 
-# notebooks/13a_structured_server.ipynb, cell 40
+# notebooks/13a_structured_server.ipynb, cell 43
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
              responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}})
 async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Response:

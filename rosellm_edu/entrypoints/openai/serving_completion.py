@@ -16,7 +16,7 @@ from rosellm_edu.entrypoints.openai.serving_engine import (Piece, ResponseState,
                                                            sampling_params, stream_events, token_text, whole_response)
 
 
-# notebooks/13a_structured_server.ipynb, cell 41
+# notebooks/13a_structured_server.ipynb, cell 44
 router = APIRouter()   # a new one: the route below takes the place of chapter 07's
 
 
@@ -35,7 +35,7 @@ def completion_logprobs(tokenizer, piece: Piece) -> CompletionLogprobs:
     return out
 
 
-# notebooks/13a_structured_server.ipynb, cell 41
+# notebooks/13a_structured_server.ipynb, cell 45
 @router.post("/v1/completions", response_model=CompletionResponse,
              responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}})
 async def create_completion(body: CompletionRequest, raw: Request) -> Response:

@@ -94,7 +94,7 @@ For each function call, return a json object with function name and arguments wi
 </tool_call>"""
 
 
-# notebooks/13a_structured_server.ipynb, cell 23
+# notebooks/13a_structured_server.ipynb, cell 24
 def hermes_message(message: ChatMessage) -> dict:
     """A message as a chat template without tools can write it: earlier calls and tool results as Hermes text."""
     m = message.for_template()
@@ -105,7 +105,7 @@ def hermes_message(message: ChatMessage) -> dict:
     return {k: v for k, v in m.items() if k != "tool_calls"} | {"content": "\n".join([m["content"], *calls]).strip()}
 
 
-# notebooks/13a_structured_server.ipynb, cell 23
+# notebooks/13a_structured_server.ipynb, cell 24
 def template_messages(body: ChatCompletionRequest) -> list[dict]:
     """The messages for the chat template: the tools described in the system message (unless tool_choice is none),
     the history in the Hermes format."""
@@ -118,15 +118,15 @@ def template_messages(body: ChatCompletionRequest) -> list[dict]:
     return [{"role": "system", "content": section}] + messages
 
 
-# notebooks/13a_structured_server.ipynb, cell 26
+# notebooks/13a_structured_server.ipynb, cell 27
 TAG = "<tool_call>"
 
 
-# notebooks/13a_structured_server.ipynb, cell 26
+# notebooks/13a_structured_server.ipynb, cell 27
 TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)   # the last one may be cut off
 
 
-# notebooks/13a_structured_server.ipynb, cell 26
+# notebooks/13a_structured_server.ipynb, cell 27
 def hermes_calls(text: str, tools: set[str]) -> tuple[str | None, list[tuple[str, str]]] | None:
     """(the text before the calls, [(name, arguments as JSON)]) if the answer holds <tool_call> blocks of known
     tools, each a JSON object {"name", "arguments"} or a list of them; None if it is text."""
@@ -144,7 +144,7 @@ def hermes_calls(text: str, tools: set[str]) -> tuple[str | None, list[tuple[str
     return (text[:text.index(TAG)].strip() or None, calls) if calls else None
 
 
-# notebooks/13a_structured_server.ipynb, cell 26
+# notebooks/13a_structured_server.ipynb, cell 27
 def text_before_calls(text: str) -> int:
     """How much of a streamed answer is surely text: up to a <tool_call>, or to a tail that may begin one."""
     if (at := text.find(TAG)) >= 0:
@@ -152,11 +152,11 @@ def text_before_calls(text: str) -> int:
     return next((len(text) - k for k in range(len(TAG) - 1, 0, -1) if text.endswith(TAG[:k])), len(text))
 
 
-# notebooks/13a_structured_server.ipynb, cell 29
+# notebooks/13a_structured_server.ipynb, cell 30
 CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"(?P<name>[^"]*)"\s*,\s*"parameters"\s*:')
 
 
-# notebooks/13a_structured_server.ipynb, cell 29
+# notebooks/13a_structured_server.ipynb, cell 30
 def item_spans(text: str) -> list[list[int | None]]:
     """[start, end) of each item of a JSON list, or a prefix of one; end is None while an item is unfinished."""
     spans, depth, in_string, escaped = [], 0, False, False
@@ -176,7 +176,7 @@ def item_spans(text: str) -> list[list[int | None]]:
     return spans
 
 
-# notebooks/13a_structured_server.ipynb, cell 29
+# notebooks/13a_structured_server.ipynb, cell 30
 def array_calls(text: str) -> list[tuple[str | None, str]]:
     """The calls in (a prefix of) tool_choice required's answer: [{"name": ..., "parameters": {...}}, ...].
     Each call's name (None until written) and its arguments' text so far. The grammar writes name first."""
