@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 
 
 # notebooks/13_structured_output.ipynb, cell 18
-STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+STRUCTURED_KINDS = {"json": ((str, dict), "a JSON schema (a dict or its text)"), "regex": (str, "a string"),
+                    "choice": (list, "a non-empty list of strings"), "grammar": (str, "an EBNF string"),
+                    "json_object": (bool, "True")}   # kind -> (its type, how to say it)
 
 
 # notebooks/13_structured_output.ipynb, cell 18
@@ -28,11 +30,10 @@ class StructuredOutputsParams:
             raise ValueError(f"StructuredOutputsParams takes exactly one of {', '.join(STRUCTURED_KINDS)}, got "
                              f"{', '.join(given) or 'none'}")
         kind, value = given[0], getattr(self, given[0])
-        expected = {"json": (str, dict), "regex": str, "grammar": str, "json_object": bool, "choice": list}[kind]
-        if not isinstance(value, expected) or (kind == "choice" and not all(isinstance(c, str) for c in value)):
-            raise ValueError(f"StructuredOutputsParams.{kind} must be {STRUCTURED_TYPES[kind]}, got {value!r}")
-        if kind == "choice" and not value:
-            raise ValueError("StructuredOutputsParams.choice must list at least one string")
+        expected, said = STRUCTURED_KINDS[kind]
+        if not isinstance(value, expected) or (kind == "choice" and not (value and all(
+                isinstance(c, str) for c in value))):
+            raise ValueError(f"StructuredOutputsParams.{kind} must be {said}, got {value!r}")
 
     @property
     def kind(self) -> str:
@@ -43,11 +44,6 @@ class StructuredOutputsParams:
         value = getattr(self, self.kind)
         text = json_module.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
         return self.kind, text, self.disable_any_whitespace
-
-
-# notebooks/13_structured_output.ipynb, cell 18
-STRUCTURED_TYPES = {"json": "a JSON schema (a dict or its text)", "regex": "a string", "grammar": "an EBNF string",
-                    "json_object": "True", "choice": "a list of strings"}
 
 
 # notebooks/13_structured_output.ipynb, cell 20

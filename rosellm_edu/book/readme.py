@@ -249,6 +249,27 @@ def stall_cell(r: dict, key: str) -> str:
     return "-" if beside is None else f"{beside:.2f} ({alone:.2f})" if alone is not None else f"{beside:.2f}"
 
 
+def render_structured(ms: list[Machine]) -> str:
+    found = with_data(ms, "structured")
+    batches = sorted({r["batch"] for _, d in found for r in d["steps"]})
+    rows = []
+    for batch in batches:
+        row = [str(batch)]
+        for _, d in found:
+            r = next((r for r in d["steps"] if r["batch"] == batch), None)
+            row += ["", "", ""] if r is None else [f"{r['step_ms']:.1f} ms", f"{r['bitmask_ms']:.3f} ms",
+                                                   f"{r['bitmask_ms'] / r['step_ms']:.2%}"]
+        rows.append(row)
+    text = table(["constrained rows"] + per_machine(found, ["decode step", "bitmask fill + apply", "share"]), rows, 1)
+    for m, d in found:
+        mixed, valid = d["mixed_tokens_per_s"], d["valid"]
+        where = f" On {m.label}:" if len(found) > 1 else ""
+        text += (f"\n{where} sixteen requests, a quarter constrained, {mixed['quarter_constrained']:.1f} tokens/s against "
+                 f"{mixed['unconstrained']:.1f} with none constrained; valid answers {valid['prompt_only']:.0%} with the "
+                 f"schema asked for in the prompt only, {valid['constrained']:.0%} constrained ({d['machine']}).\n")
+    return text
+
+
 def render_gpu(ms: list[Machine]) -> str:
     """benchmarks/gpu.py's run: the engine's figures on the GPU, beside what peers report (their hardware named)
     and transformers measured in the same run."""
@@ -293,7 +314,7 @@ def render_gpu(ms: list[Machine]) -> str:
 RENDERERS: dict[str, Callable[[list[Machine]], str]] = {
     "machines": render_machines, "mixed": render_mixed, "quantization": render_quantization,
     "speculative": render_speculative, "sampler": render_sampler, "llama-cpp": render_llama_cpp,
-    "stalls": render_stalls, "gpu": render_gpu}
+    "stalls": render_stalls, "gpu": render_gpu, "structured": render_structured}
 
 
 def render(text: str, ms: list[Machine]) -> str:

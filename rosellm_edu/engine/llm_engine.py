@@ -189,7 +189,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule(self.propose())                         # drafts to verify
         if not batch:
-            self.structured.wait(self.scheduler.waiting)                        # grammars still compiling
+            self.structured.wait_for_grammars(self.scheduler.waiting)          # still compiling
             return []
         self.kv_cache.copy_blocks(self.scheduler.block_manager.take_copies())  # copy-on-write, before any write
         logits = self.forward(batch)                                            # (sampled positions, vocab)

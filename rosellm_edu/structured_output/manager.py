@@ -72,7 +72,7 @@ class StructuredOutputManager:
         self.backend.apply(logits, self._bitmask[:len(logits)], rows)
 
     # notebooks/13_structured_output.ipynb, cell 31
-    def wait(self, seqs, timeout: float = 0.01) -> None:
+    def wait_for_grammars(self, seqs, timeout: float = 0.01) -> None:
         """Nothing could run: sleep until one of these sequences' grammars is compiled, or timeout (no busy loop)."""
         pending = [s.grammar.compiled for s in seqs if s.grammar is not None and not s.grammar.ready]
         if pending:
