@@ -34,7 +34,7 @@ class Sequence:
     stop_reason: str | int | None = None
     generator: torch.Generator | None = None   # the request's own, when it has a seed
 
-    # notebooks/13_structured_output.ipynb, cell 33
+    # notebooks/13_structured_output.ipynb, cell 35
     def __post_init__(self):
         self.detokenizer: DecodeStream | None = None   # grows the text token by token, from the first one on
         self.held = range(0)                               # positions whose bytes the stream still holds

@@ -178,7 +178,13 @@ def test_a_slow_grammar_blocks_no_other_request_and_an_abort_leaks_nothing(llm):
     ({"json": "{not json"}, "structured_outputs.json", "JSON"),
     ({"regex": "(ab"}, "structured_outputs.regex", "parenthesis"),
     ({"grammar": "root ::= missing_rule"}, "structured_outputs.grammar", "missing_rule"),
-    ({"choice": ["x" * 70000]}, "structured_outputs.choice", "max_grammar_bytes")])
+    ({"choice": ["x" * 70000]}, "structured_outputs.choice", "max_grammar_bytes"),
+    ({"json": {"type": "object", "properties": {"a": {"not": {"type": "string"}}}}}, "structured_outputs.json",
+     "'not' at #/properties/a"),
+    ({"json": {"type": "array", "uniqueItems": True}}, "structured_outputs.json", "'uniqueItems' at #"),
+    ({"json": {"allOf": [{"type": "integer"}, {"minimum": 3}]}}, "structured_outputs.json", "'allOf'"),
+    ({"json": json.dumps({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}})},
+     "structured_outputs.json", "'if' at #")])
 def test_a_bad_constraint_is_refused_naming_the_field_and_harms_no_other_request(llm, kind, field, reason):
     engine = llm.llm_engine
     engine.add_request("good", "Hi", SamplingParams(temperature=0, max_tokens=4))
@@ -214,3 +220,10 @@ def test_each_constraint_compiles_once_and_the_cache_is_bounded():
     for pattern in ("a+", "b+", "c+"):
         manager.request(StructuredOutputsParams(regex=pattern)).compiled.result()
     assert len(manager.compiled) == 2 and len(calls) == 4
+
+
+def test_keywords_are_refused_only_where_they_are_keywords(llm):
+    """A property may be named "not" or "if"; an enum may hold the word; neither is the keyword."""
+    schema = {"type": "object", "properties": {"not": {"enum": ["if", "uniqueItems"]}}, "required": ["not"]}
+    out = llm.generate("Answer:", constrained(json=schema), use_tqdm=False)[0].outputs[0]
+    assert json.loads(out.text)["not"] in ("if", "uniqueItems")

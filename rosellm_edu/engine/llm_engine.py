@@ -66,7 +66,7 @@ class LLMEngine:
     """Requests in, outputs out, one step at a time: add_request(), then step() until
     has_unfinished_requests() is False."""
 
-    # notebooks/13_structured_output.ipynb, cell 39
+    # notebooks/13_structured_output.ipynb, cell 41
     def __init__(self, model: str | None = None, *, dtype: str | torch.dtype = "auto", seed: int = 0,
                  device: str | torch.device | None = None, block_size: int = 16, num_kv_blocks: int | None = None,
                  kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
@@ -130,7 +130,7 @@ class LLMEngine:
             return prompt.get("prompt"), list(prompt["prompt_token_ids"])
         raise ValueError(f"a prompt is a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
 
-    # notebooks/13_structured_output.ipynb, cell 38
+    # notebooks/13_structured_output.ipynb, cell 40
     def make_sequence(self, request_id: str, prompt: Prompt, params: SamplingParams | None) -> Sequence:
         """Tokenize and check a request; a bad one raises ValueError naming what is wrong."""
         text, ids = self.tokenize(prompt)
@@ -184,7 +184,7 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    # notebooks/13_structured_output.ipynb, cell 41
+    # notebooks/13_structured_output.ipynb, cell 43
     @torch.no_grad()
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule(self.propose())                         # drafts to verify
@@ -225,7 +225,7 @@ class LLMEngine:
         self.record_prompt_logprobs(batch, owed, logits[sampled:])
         return logits[:sampled]
 
-    # notebooks/13_structured_output.ipynb, cell 42
+    # notebooks/13_structured_output.ipynb, cell 44
     def pick_tokens(self, seqs: list[Sequence], logits: torch.Tensor, drafts: list[list[int]]) -> list[list[tuple]]:
         """For each sequence, from its 1 + len(drafts) rows of logits: the accepted drafts and one token after them, each
         as (token, mask, logZ, logprobs). All rows in one sampler call, one device->host transfer."""
@@ -409,7 +409,7 @@ class LLMEngine:
         """Acceptance rate and mean accepted length since the engine started (vLLM's spec decoding metrics)."""
         return self.spec_decoding_stats.as_dict()
 
-    # notebooks/13_structured_output.ipynb, cell 44
+    # notebooks/13_structured_output.ipynb, cell 46
     def append_tokens(self, seq: Sequence, picked: list[tuple]) -> int:
         """Append the picked tokens, with their masks and logprobs, until one finishes the sequence; how many went in.
         A sequence with a grammar moves its matcher by each token, and finishes when the grammar does."""

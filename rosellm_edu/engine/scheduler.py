@@ -78,7 +78,7 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    # notebooks/13_structured_output.ipynb, cell 35
+    # notebooks/13_structured_output.ipynb, cell 37
     def schedule(self, drafts: dict[str, list[int]] | None = None) -> list[ScheduledSeq]:
         """drafts[request_id], guesses after a decoding sequence's end, go with it when blocks and budget allow."""
         drafts = drafts or {}
@@ -240,7 +240,7 @@ class Scheduler:
         self.block_manager.commit(seq, self.num_computed[seq.request_id])     # full blocks of accepted tokens only
         self.block_manager.trim(seq.request_id, len(seq))
 
-    # notebooks/13_structured_output.ipynb, cell 36
+    # notebooks/13_structured_output.ipynb, cell 38
     def next_waiting(self) -> Sequence | None:
         """The first waiting sequence whose grammar, if it has one, is compiled: the others do not wait behind it."""
         return next((s for s in self.waiting if s.grammar is None or s.grammar.ready), None)

@@ -2,6 +2,7 @@
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
+import threading
 from collections import OrderedDict
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Callable
@@ -13,7 +14,7 @@ from rosellm_edu.sequence import Sequence
 from rosellm_edu.structured_output.request import StructuredOutputRequest
 
 
-# notebooks/13_structured_output.ipynb, cell 28
+# notebooks/13_structured_output.ipynb, cell 30
 class StructuredOutputManager:
     """The engine's grammars: each distinct constraint compiled once, on a worker thread, and each step's bitmask
     filled for the whole batch in one call and applied to the rows that asked for it."""
@@ -23,14 +24,16 @@ class StructuredOutputManager:
         self.max_grammar_bytes, self.max_cached = max_grammar_bytes, max_cached
         self.compiled: OrderedDict[tuple, Future] = OrderedDict()   # constraint -> its compilation, oldest first
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compiler")
+        self._loading = threading.Lock()   # a server may load the backend from another thread, ahead of the engine
 
     @property
     def backend(self):
-        if self._backend is None:   # the library and the vocabulary's table load on the first constrained request
-            self._backend = self.make_backend()
+        with self._loading:   # the library and the vocabulary's table load on the first constrained request
+            if self._backend is None:
+                self._backend = self.make_backend()
         return self._backend
 
-    # notebooks/13_structured_output.ipynb, cell 29
+    # notebooks/13_structured_output.ipynb, cell 31
     def request(self, params: StructuredOutputsParams) -> StructuredOutputRequest:
         """A sequence's grammar, compiling in the background; a ValueError naming the field if it cannot be."""
         key = params.key()
@@ -48,7 +51,7 @@ class StructuredOutputManager:
         self.compiled.move_to_end(key)
         return StructuredOutputRequest(self.compiled[key], self.backend)
 
-    # notebooks/13_structured_output.ipynb, cell 31
+    # notebooks/13_structured_output.ipynb, cell 33
     def apply_bitmask(self, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]]) -> None:
         """Mask, in place, the rows of logits (B, V) whose sequence has a grammar. A sequence owns 1 + len(drafts)
         rows; its row j is masked by its grammar after drafts[:j], on a fork of its matcher (its own stays put)."""
@@ -71,7 +74,7 @@ class StructuredOutputManager:
         self.backend.fill(matchers, self._bitmask, rows)
         self.backend.apply(logits, self._bitmask[:len(logits)], rows)
 
-    # notebooks/13_structured_output.ipynb, cell 31
+    # notebooks/13_structured_output.ipynb, cell 33
     def wait_for_grammars(self, seqs, timeout: float = 0.01) -> None:
         """Nothing could run: sleep until one of these sequences' grammars is compiled, or timeout (no busy loop)."""
         pending = [s.grammar.compiled for s in seqs if s.grammar is not None and not s.grammar.ready]

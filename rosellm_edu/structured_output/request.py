@@ -5,7 +5,7 @@
 from concurrent.futures import Future
 
 
-# notebooks/13_structured_output.ipynb, cell 26
+# notebooks/13_structured_output.ipynb, cell 28
 class StructuredOutputRequest:
     """One sequence's grammar: its compilation (shared by every request with the same constraint) and, once that is
     done, the sequence's own matcher, which has accepted exactly the tokens the sequence generated."""

@@ -2,6 +2,7 @@
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
+import asyncio
 import re
 from dataclasses import dataclass, field
 
@@ -45,8 +46,7 @@ def request_constraint(body, more: list[Constraint] = ()) -> Constraint | None:
 
 
 # notebooks/13a_structured_server.ipynb, cell 14
-# How the engine refuses a grammar (chapter 13), as add_requests passes it on: the part after the kind is the reason.
-ENGINE_REFUSAL = re.compile(r"SamplingParams\.structured_outputs\.\w+(?P<why>(?:: | is ).*)", re.S)
+ENGINE_REFUSAL = re.compile(r"SamplingParams\.structured_outputs\.\w+(?P<why>(?:: | is ).*)", re.S)   # chapter 13's
 
 
 # notebooks/13a_structured_server.ipynb, cell 14
@@ -59,6 +59,8 @@ def constrained(params: SamplingParams, constraint: Constraint | None) -> Sampli
 async def add_constrained(raw: Request, request_id: str, prompts, params: list[SamplingParams], priority: int,
                           constraint: Constraint | None):
     """add_requests (chapter 07), with the engine's refusal of a grammar said in the words of the request."""
+    if constraint is not None:   # the grammar library loads once, here, not on the engine's thread (seconds)
+        await asyncio.to_thread(lambda: raw.app.state.engine.engine.structured.backend)
     try:
         return await add_requests(raw, request_id, prompts, params, priority)
     except OpenAIError as e:
