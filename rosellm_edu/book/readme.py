@@ -263,8 +263,8 @@ def render_structured(ms: list[Machine]) -> str:
     text = table(["constrained rows"] + per_machine(found, ["decode step", "bitmask fill + apply", "share"]), rows, 1)
     for m, d in found:
         mixed, valid = d["mixed_tokens_per_s"], d["valid"]
-        where = f" On {m.label}:" if len(found) > 1 else ""
-        text += (f"\n{where} sixteen requests, a quarter constrained, {mixed['quarter_constrained']:.1f} tokens/s against "
+        where = f"On {m.label}: s" if len(found) > 1 else "S"
+        text += (f"\n{where}ixteen requests, a quarter constrained, {mixed['quarter_constrained']:.1f} tokens/s against "
                  f"{mixed['unconstrained']:.1f} with none constrained; valid answers {valid['prompt_only']:.0%} with the "
                  f"schema asked for in the prompt only, {valid['constrained']:.0%} constrained ({d['machine']}).\n")
     return text
