@@ -26,7 +26,7 @@ import torch
 
 from rosellm_edu.benchmarks.machine import machine_line, record_dir
 from rosellm_edu.llm import LLM
-from rosellm_edu.sampling_params import SamplingParams, StructuredOutputsParams
+from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.timing import median_time
 
 SCHEMAS = {
@@ -62,6 +62,7 @@ def valid(text: str, schema: dict) -> bool:
 
 def step_cost(llm: LLM, batch: int) -> tuple[float, float]:
     """(seconds per engine decode step, seconds of it for the bitmask), `batch` constrained rows."""
+    from rosellm_edu.sampling_params import StructuredOutputsParams   # chapter 13 reads SCHEMAS before defining it
     engine = llm.llm_engine
     prompt, story = chat(engine.tokenizer, "Write a long story.", {"type": "object"}), StructuredOutputsParams(json=STORY)
     for i in range(batch):
@@ -79,6 +80,7 @@ def step_cost(llm: LLM, batch: int) -> tuple[float, float]:
 
 def mixed_batch(llm: LLM, constrained: bool) -> tuple[list[str], list[SamplingParams]]:
     """Sixteen requests: four ask for JSON (constrained to their schema when `constrained`), twelve do not."""
+    from rosellm_edu.sampling_params import StructuredOutputsParams
     names = list(SCHEMAS) * 2
     prompts = [chat(llm.llm_engine.tokenizer, QUESTIONS[n], SCHEMAS[n]) for n in names[:4]] + \
               [f"Tell me about topic {i}." for i in range(12)]
@@ -106,6 +108,7 @@ def mixed_throughput(llm: LLM, rounds: int = 3) -> dict[str, float]:
 
 def valid_rates(llm: LLM, per_schema: int = 6) -> dict[str, float]:
     """The share of valid answers, asked in the prompt only and constrained, on the same prompts and seeds."""
+    from rosellm_edu.sampling_params import StructuredOutputsParams
     cases = [(n, i) for n in SCHEMAS for i in range(per_schema)]
     prompts = [chat(llm.llm_engine.tokenizer, QUESTIONS[n], SCHEMAS[n]) for n, _ in cases]
     rates = {}
