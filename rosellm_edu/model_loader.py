@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -112,26 +113,69 @@ def _not_found_message(model, why: str) -> str:
 
 
 def load_config(path: Path) -> PretrainedConfig:
-    return AutoConfig.from_pretrained(path)
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (KeyError, ValueError) as e:   # a model_type transformers does not know, a malformed rope_scaling
+        raise ValueError(f"{path / 'config.json'}: {type(e).__name__}: {e}") from None
 
 
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(path)
 
 
-def iter_checkpoint(path: Path):
-    """(name, tensor) pairs from the checkpoint's safetensors files, or its pytorch_model.bin."""
-    files = sorted(path.glob("*.safetensors"))
+class CheckpointError(ValueError):
+    """A checkpoint that does not fit our model: a shard missing, a tensor of the wrong shape, one missing or
+    unknown. The message names the file and the tensor."""
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: those its index lists (every one must be there), else all."""
+    index = path / "model.safetensors.index.json"
+    if not index.exists():
+        return sorted(path.glob("*.safetensors"))
+    weight_map = json.loads(index.read_text())["weight_map"]
+    for file in sorted(set(weight_map.values())):
+        if not (path / file).exists():
+            tensors = [name for name, f in weight_map.items() if f == file]
+            raise CheckpointError(f"{index} lists the shard {file}, which is missing from {path}: it holds "
+                                  f"{len(tensors)} tensors, {tensors[0]!r} first")
+    return [path / file for file in sorted(set(weight_map.values()))]
+
+
+def iter_checkpoint(path: Path, where: dict | None = None):
+    """(name, tensor) pairs from the checkpoint's safetensors files, or its pytorch_model.bin, each tensor in the
+    dtype it ships in (load_weights copies it into the model's). `where`, if given, is kept pointing at the file
+    and tensor being read, for an error to name."""
+    where = {} if where is None else where
+    files = checkpoint_files(path)
     if files:
         for file in files:
             with safe_open(file, framework="pt") as f:
                 for name in f.keys():
+                    where.update(file=file, tensor=name)
                     yield name, f.get_tensor(name)
         return
     bin_file = path / "pytorch_model.bin"
     if not bin_file.exists():
         raise ModelNotFoundError(f"{path} has no *.safetensors and no pytorch_model.bin")
-    yield from torch.load(bin_file, map_location="cpu", weights_only=True).items()
+    for name, tensor in torch.load(bin_file, map_location="cpu", weights_only=True).items():
+        where.update(file=bin_file, tensor=name)
+        yield name, tensor
+
+
+def load_checkpoint(model, path: Path) -> None:
+    """model.load_weights over the checkpoint in `path`; an error names the file and tensor it stopped at."""
+    where = {}
+    try:
+        model.load_weights(iter_checkpoint(path, where))
+    except CheckpointError:
+        raise
+    except (ValueError, KeyError, RuntimeError) as e:
+        if not where:
+            raise
+        if "no weights for" in str(e):   # raised after the last tensor: the missing ones are named in it
+            raise CheckpointError(f"{path}: {e}") from None
+        raise CheckpointError(f"{where['file']}: tensor {where['tensor']!r}: {e}") from None
 
 
 @contextlib.contextmanager
@@ -160,11 +204,14 @@ def load_model(path: Path, dtype: torch.dtype = torch.float32, device: str | tor
         from rosellm_edu.models.gguf import load_gguf     # chapter 11's modules: imported when asked for
 
         return load_gguf(gguf_file(path), config, dtype).to(device)
-    cls = model_class(config)
-    with torch.device(device), default_dtype(dtype):   # weights born in dtype: no float32 copy to free on a GPU
-        model = cls(config)
+    try:
+        cls = model_class(config)
+        with torch.device(device), default_dtype(dtype):   # weights born in dtype: no float32 copy to free on a GPU
+            model = cls(config)
+    except ValueError as e:   # a model_type or a rope_scaling type we do not implement
+        raise ValueError(f"{path / 'config.json'}: {e}") from None
     model.to(dtype)                                     # the buffers computed in float32 (rotary tables) follow
-    model.load_weights(iter_checkpoint(path))
+    load_checkpoint(model, path)
     if quantization is not None:
         from rosellm_edu.layers.quantization import quantize_model
 

@@ -1,4 +1,4 @@
-# Generated from notebooks/00_the_model.ipynb, notebooks/10_fewer_passes.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/00_the_model.ipynb, notebooks/00a_other_families.ipynb, notebooks/10_fewer_passes.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -135,7 +135,7 @@ class LlamaForCausalLM(nn.Module):
                 for shard in (range(len(self.shard_offsets(name.split(".")[-2])) - 1)
                               if name.split(".")[-2] in packed else [None])}
 
-    # notebooks/00_the_model.ipynb, cell 22
+    # notebooks/00a_other_families.ipynb, cell 4
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters())
         loaded = set()
@@ -146,10 +146,15 @@ class LlamaForCausalLM(nn.Module):
             if part in PACKED_SHARDS:
                 packed, shard = PACKED_SHARDS[part]
                 name = name.replace(part, packed)
+            if name not in params:
+                raise ValueError(f"{type(self).__name__} has no parameter for {name!r}")
+            target = params[name].data
+            if shard is not None:
                 lo, hi = self.shard_offsets(packed)[shard:shard + 2]
-                params[name].data[lo:hi].copy_(tensor)
-            else:
-                params[name].data.copy_(tensor)
+                target = target[lo:hi]
+            if target.shape != tensor.shape:                                          # copy_ would broadcast
+                raise ValueError(f"shape {tuple(tensor.shape)}, but the model's config makes it {tuple(target.shape)}")
+            target.copy_(tensor)                                                      # into the model's dtype
             loaded.add((name, shard))
         missing = self.expected_shards(params) - loaded
         if missing:
