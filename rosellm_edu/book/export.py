@@ -36,6 +36,7 @@ class Chapter:
     title: str
     modules: list[str]
     appendix: bool = False   # a side topic of the chapter before it, in book order like the chapters
+    summary: str = ""        # what it builds and what it measures, for the book's landing page
 
 
 def load_book(root: Path = ROOT) -> tuple[str, list[Chapter]]:
