@@ -15,9 +15,9 @@ explorer leaves one beside its widget), the site shows the picture.
 from __future__ import annotations
 
 import argparse
-import io
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import tomllib
@@ -38,9 +38,11 @@ CONF = {
     "nb_execution_mode": "off",        # the committed outputs are the book; nothing is re-run
     "nb_merge_streams": True,
     "myst_heading_anchors": 3,         # [text](chapter.ipynb#a-section) links resolve
+    "smartquotes": False,              # the text as the notebooks write it
     "html_copy_source": False,         # the notebooks are in the repository; the site need not carry them twice
     "html_show_sourcelink": False,
-    "html_theme_options": {"show_toc_level": 2, "use_download_button": False, "show_navbar_depth": 1},
+    "html_theme_options": {"show_toc_level": 2, "use_download_button": False, "show_navbar_depth": 1,
+                           "footer_content_items": []},
     "exclude_patterns": ["_build"],
 }
 
@@ -172,18 +174,16 @@ def stage(src: Path, root: Path) -> None:
 
 def build(out: Path, root: Path = ROOT) -> Path:
     """Build the site into out; return its landing page. Raises RuntimeError with Sphinx's warnings, if any."""
-    from sphinx.application import Sphinx  # the `book` extra
-
     with tempfile.TemporaryDirectory(prefix="rosellm-book-") as tmp:
-        src = Path(tmp) / "src"
+        src, warnings = Path(tmp) / "src", Path(tmp) / "warnings.txt"
         src.mkdir()
         stage(src, root)
-        warnings = io.StringIO()
-        app = Sphinx(str(src), str(src), str(out), str(Path(tmp) / "doctrees"), "html",
-                     status=None, warning=warnings, freshenv=True)
-        app.build(force_all=True)
-    if warnings.getvalue():
-        raise RuntimeError(f"the book built with warnings:\n{warnings.getvalue()}")
+        # Sphinx in its own process: it registers its nodes once per process, so a second build in one would warn
+        done = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", "-E", "--no-color", "--keep-going",
+                               "-d", str(Path(tmp) / "doctrees"), "-w", str(warnings), str(src), str(out)],
+                              capture_output=True, text=True)
+        if done.returncode or warnings.read_text():
+            raise RuntimeError(f"the book did not build cleanly:\n{warnings.read_text()}{done.stderr}")
     return out / "index.html"
 
 
