@@ -1,4 +1,4 @@
-# Generated from notebooks/01_token_generation.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/01_token_generation.ipynb, notebooks/13b_model_checkpoints.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -37,13 +37,19 @@ class LLM:
                         bar.update()
         return [finished[r] for r in request_ids]
 
-    # notebooks/01_token_generation.ipynb, cell 44
+    # notebooks/13b_model_checkpoints.ipynb, cell 11
     def _add_all(self, request_ids, prompts, params) -> None:
         """Add every request, or none: a bad prompt aborts the ones already added."""
+        default = self.get_default_sampling_params()                                    # not SamplingParams()
         for i, (request_id, prompt, p) in enumerate(zip(request_ids, prompts, params)):
             try:
-                self.llm_engine.add_request(request_id, prompt, p or SamplingParams())
+                self.llm_engine.add_request(request_id, prompt, p or default)
             except Exception:
                 for added in request_ids[:i]:
                     self.llm_engine.abort_request(added)
                 raise
+
+    # notebooks/13b_model_checkpoints.ipynb, cell 11
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate() uses when given no SamplingParams: ours, with the model's generation_config.json on top."""
+        return SamplingParams(**self.llm_engine.get_diff_sampling_param())

@@ -1,9 +1,11 @@
-# Generated from notebooks/01_token_generation.ipynb, notebooks/01a_logits_processors.ipynb, notebooks/02_kv_cache.ipynb, notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/04a_parallel_sampling.ipynb, notebooks/05_cuda_graphs.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/06a_logprobs.ipynb, notebooks/08_where_the_time_goes.ipynb, notebooks/11_weight_only_quantization.ipynb, notebooks/12_speculative_decoding.ipynb, notebooks/13_structured_output.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/01_token_generation.ipynb, notebooks/01a_logits_processors.ipynb, notebooks/02_kv_cache.ipynb, notebooks/03_continuous_batching.ipynb, notebooks/04_paged_attention.ipynb, notebooks/04a_parallel_sampling.ipynb, notebooks/05_cuda_graphs.ipynb, notebooks/06_fast_sampling.ipynb, notebooks/06a_logprobs.ipynb, notebooks/08_where_the_time_goes.ipynb, notebooks/11_weight_only_quantization.ipynb, notebooks/12_speculative_decoding.ipynb, notebooks/13_structured_output.ipynb, notebooks/13b_model_checkpoints.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
 import contextlib
 import itertools
+import logging
+from pathlib import Path
 from typing import Iterable
 
 import torch
@@ -13,6 +15,7 @@ from rosellm_edu.engine.kv_cache import KVCache, block_bytes, blocks_in_budget
 from rosellm_edu.engine.model_runner import ModelRunner, table_rows
 from rosellm_edu.engine.parallel_sampling import child_id, sample_params
 from rosellm_edu.engine.scheduler import ScheduledSeq, Scheduler
+from rosellm_edu.generation_config import diff_sampling_params, generation_eos_ids, read_generation_config
 from rosellm_edu.layers.logits_processors import ProcessorState, apply_kept_processors
 from rosellm_edu.layers.paged_attention import PagedAttention
 from rosellm_edu.layers.sampler import logprob_dict, logprob_table, sample
@@ -66,19 +69,20 @@ class LLMEngine:
     """Requests in, outputs out, one step at a time: add_request(), then step() until
     has_unfinished_requests() is False."""
 
-    # notebooks/13_structured_output.ipynb, cell 41
+    # notebooks/13b_model_checkpoints.ipynb, cell 8
     def __init__(self, model: str | None = None, *, dtype: str | torch.dtype = "auto", seed: int = 0,
                  device: str | torch.device | None = None, block_size: int = 16, num_kv_blocks: int | None = None,
                  kv_cache_memory_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
                  enforce_eager: bool = False, max_model_len: int | None = None, quantization: str | None = None,
                  scheduling_policy: str = "fcfs", prompt_logprobs_chunk: int = 512, speculative_config: dict | None = None,
-                 max_grammar_bytes: int = 65536):
+                 max_grammar_bytes: int = 65536, generation_config: str = "auto"):
         check_sizes(block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                     num_kv_blocks=num_kv_blocks, max_model_len=max_model_len, prompt_logprobs_chunk=prompt_logprobs_chunk,
                     max_grammar_bytes=max_grammar_bytes)
         spec = None if speculative_config is None else SpeculativeConfig.from_dict(speculative_config)   # before loading
         self.load(model, dtype, device, quantization)
+        self.set_generation_config(resolve_model(model), generation_config)
         if max_model_len is not None:   # a shorter context than the model's, as vLLM's max_model_len
             if max_model_len > self.max_model_len:
                 raise ValueError(f"LLMEngine max_model_len={max_model_len} is longer than the model's context "
@@ -437,6 +441,22 @@ class LLMEngine:
                              f"tokens, the target's {self.vocab_size}; a draft must share the target's tokenizer")
         return draft
 
+    # notebooks/13b_model_checkpoints.ipynb, cell 9
+    def set_generation_config(self, model_dir: Path, mode: str) -> None:
+        """The model's generation_config.json: its end tokens join eos_token_ids (in every mode, as in vLLM); its
+        sampling defaults are kept for get_diff_sampling_param, unless mode is "vllm"."""
+        generation_config = read_generation_config(model_dir, mode)
+        self.eos_token_ids |= generation_eos_ids(generation_config)
+        self.diff_sampling_param = diff_sampling_params(generation_config, mode)
+        if self.diff_sampling_param:
+            logger.warning("default sampling parameters from the model's generation_config.json: %s (pass "
+                           "generation_config='vllm' to keep ours)", self.diff_sampling_param)
+
+    # notebooks/13b_model_checkpoints.ipynb, cell 9
+    def get_diff_sampling_param(self) -> dict:
+        """The SamplingParams fields the model's generation_config.json sets, for requests that leave them unset."""
+        return dict(self.diff_sampling_param)
+
 
 # notebooks/03_continuous_batching.ipynb, cell 28
 def check_sizes(**sizes: int | None) -> None:
@@ -459,3 +479,7 @@ def prompt_logprob_positions(s: ScheduledSeq) -> range:
         return range(0)
     first = max(s.num_computed, len(recorded) - 1)      # recorded[i] is token i's: positions < len - 1 are done
     return range(first, min(s.num_computed + s.num_new, len(s.seq.prompt_token_ids) - 1))
+
+
+# notebooks/13b_model_checkpoints.ipynb, cell 9
+logger = logging.getLogger("rosellm_edu.engine")

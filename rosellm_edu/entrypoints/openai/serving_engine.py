@@ -1,4 +1,4 @@
-# Generated from notebooks/07_serving.ipynb, notebooks/07a_server_hardening.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/07_serving.ipynb, notebooks/07a_server_hardening.ipynb, notebooks/13b_model_checkpoints.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -287,19 +287,24 @@ def check_prompt(raw: Request, ids: list[int], max_tokens: int | None, param: st
     return limit - len(ids) if max_tokens is None else max_tokens
 
 
-# notebooks/07_serving.ipynb, cell 76
+# notebooks/13b_model_checkpoints.ipynb, cell 16
 def sampling_params(raw: Request, body: SamplingRequest, max_tokens: int, logprobs: int | None = None,
                     prompt_logprobs: int | None = None) -> SamplingParams:
-    """The request's SamplingParams; token ids it names (logit_bias, stop_token_ids) must be in the vocabulary,
-    or a step would fail on them."""
+    """The request's SamplingParams, the model's defaults in the fields it left unset; token ids it names
+    (logit_bias, stop_token_ids) must be in the vocabulary, or a step would fail on them."""
+    engine = raw.app.state.engine.engine
+    defaults = engine.get_diff_sampling_param()
+    unset = {name: value for name, value in defaults.items()                           # None = not sent
+             if name != "max_tokens" and name in type(body).model_fields and getattr(body, name) is None}
+    body = body.model_copy(update=unset)
+    max_tokens = min(max_tokens, defaults.get("max_tokens", max_tokens))              # vLLM's cap
     try:
         params = body.to_sampling_params(max_tokens, logprobs, prompt_logprobs)
     except ValueError as e:
         raise invalid_parameter(e) from e
-    vocab = raw.app.state.engine.engine.vocab_size
     for name, ids in [("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)]:
-        if not all(0 <= t < vocab for t in ids):
-            raise OpenAIError(400, f"{name}: token ids must be in [0, {vocab})", name)
+        if not all(0 <= t < engine.vocab_size for t in ids):
+            raise OpenAIError(400, f"{name}: token ids must be in [0, {engine.vocab_size})", name)
     return params
 
 
