@@ -284,6 +284,9 @@ def test_pages_fit_1280_px_and_wide_code_scrolls_inside_its_block(built, page):
         assert wide and set(wide) <= {"auto", "scroll"}, notebook
     page.goto((built / "index.html").as_uri())
     assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    tables = page.locator("article table").evaluate_all(  # README's figures: wider than the column, they scroll
+        "ts => ts.map(t => [t.scrollWidth > t.parentElement.clientWidth, getComputedStyle(t).overflowX])")
+    assert tables and all(overflow in ("auto", "scroll") for wide, overflow in tables if wide)
 
 
 def test_the_theme_switch_gives_a_dark_page(built, page):

@@ -44,7 +44,16 @@ CONF = {
     "html_theme_options": {"show_toc_level": 2, "use_download_button": False, "show_navbar_depth": 1,
                            "footer_content_items": []},
     "exclude_patterns": ["_build"],
+    "html_static_path": ["_static"],
+    "html_css_files": ["book.css"],
 }
+
+# A wide table scrolls inside its block like wide code does, instead of running under the outline; code and
+# outputs a little smaller, so that more of the chapters' 120-column lines fit at 1280 px.
+CSS = """\
+article.bd-article table { display: block; max-width: 100%; overflow-x: auto; }
+article.bd-article div.cell pre, article.bd-article div.highlight pre { font-size: 0.8em; }
+"""
 
 LANDING = """\
 # {title}
@@ -158,6 +167,8 @@ def stage(src: Path, root: Path) -> None:
     _, chapters = load_book(root)
     (src / "conf.py").write_text(f"project = {load_book(root)[0]!r}\nhtml_title = project\n"
                                  + "".join(f"{key} = {value!r}\n" for key, value in CONF.items()))
+    (src / "_static").mkdir()
+    (src / "_static" / "book.css").write_text(CSS)
     index = landing_page(root, chapters)
     (src / "index.md").write_text(index)
     files = linked_files(index, root, root)
