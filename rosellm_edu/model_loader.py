@@ -206,6 +206,9 @@ def load_model(path: Path, dtype: torch.dtype = torch.float32, device: str | tor
         return load_gguf(gguf_file(path), config, dtype).to(device)
     try:
         cls = model_class(config)
+        if quantization is not None and not getattr(cls, "quantizable", True):
+            raise ValueError(f"quantization={quantization!r} is not implemented for {config.model_type}: it quantizes "
+                             "nn.Linear layers, and its experts are stacked tensors; load it unquantized")
         with torch.device(device), default_dtype(dtype):   # weights born in dtype: no float32 copy to free on a GPU
             model = cls(config)
     except ValueError as e:   # a model_type or a rope_scaling type we do not implement

@@ -1,4 +1,4 @@
-"""Appendix 00a's families (Mistral, Qwen2, Qwen3, Phi-3; Llama 3's and YaRN's RoPE scaling): our logits and our
+"""Appendix 00a's families (Mistral, Qwen2, Qwen3, Phi-3, Qwen3-MoE; Llama 3's and YaRN's RoPE scaling): our logits and our
 engine's greedy tokens equal transformers' on tiny random checkpoints saved as the hub ships them (sharded, with
 an index), and a checkpoint that does not fit is refused naming the file and the tensor."""
 
@@ -14,6 +14,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from conftest import hf_greedy
 from rosellm_edu import LLM, SamplingParams, model_loader
 from rosellm_edu.layers.rotary import RotaryEmbedding, rope_frequencies
+from rosellm_edu.models.qwen3_moe import Qwen3MoeSparseBlock, grouped_experts, route
 from rosellm_edu.models.tiny import logits_difference, save_tiny_checkpoint
 
 SHAPES = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -21,6 +22,7 @@ SHAPES = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidde
 LLAMA3 = dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
               original_max_position_embeddings=32)
 YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32)
+MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
 # name -> (model_type, the family's options on)
 FAMILIES = {
     "mistral": ("mistral", dict(sliding_window=64, head_dim=32)),
@@ -29,6 +31,8 @@ FAMILIES = {
     "qwen3": ("qwen3", dict(head_dim=32, tie_word_embeddings=True, attention_bias=True)),
     "phi3": ("phi3", dict(partial_rotary_factor=0.5)),
     "llama3": ("llama", dict(rope_parameters=LLAMA3)),
+    "qwen3_moe": ("qwen3_moe", dict(MOE, head_dim=32)),
+    "qwen3_moe-dense-first": ("qwen3_moe", dict(MOE, norm_topk_prob=False, mlp_only_layers=[0])),
 }
 
 
@@ -175,4 +179,60 @@ def test_an_unknown_rope_type_is_named_with_its_config(checkpoints, tmp_path):
 def test_an_unknown_model_type_is_named_with_its_config(checkpoints, tmp_path):
     path = broken_copy(checkpoints, tmp_path, model_type="gemma3")
     with pytest.raises(ValueError, match=r"config\.json: model_type 'gemma3' is not supported"):
+        model_loader.load_model(path)
+
+
+def test_every_expert_equals_transformers_expert_and_the_block_its_block(checkpoints):
+    """Enough random tokens that the router sends some to every expert; each expert alone (all tokens, weight 1)
+    against transformers' Qwen3MoeExperts, the router against its router, the block against its block."""
+    path = checkpoints["qwen3_moe"]
+    ours = model_loader.load_model(path)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    x = torch.randn(256, 64, generator=torch.Generator().manual_seed(0))
+    for layer, their_layer in zip(ours.model.layers, theirs.model.layers):
+        block, their_block = layer.mlp, their_layer.mlp
+        assert isinstance(block, Qwen3MoeSparseBlock)
+        with torch.no_grad():
+            weights, experts = route(block.gate(x), block.top_k, block.norm_topk_prob)
+            _, their_weights, their_experts = their_block.gate(x)
+            assert torch.equal(experts, their_experts)
+            torch.testing.assert_close(weights, their_weights, rtol=0, atol=1e-6)
+            assert set(experts.unique().tolist()) == set(range(MOE["num_experts"]))   # every expert routed to
+            for e in range(MOE["num_experts"]):
+                chosen = experts == e                                              # (tokens, top_k)
+                rows = chosen.any(-1)
+                only = torch.full((int(rows.sum()), 1), e)
+                got = grouped_experts(x[rows], block.gate_up, block.down, torch.ones(len(only), 1), only)
+                want = their_block.experts(x[rows], only, torch.ones(len(only), 1))
+                torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+            torch.testing.assert_close(block(x), their_block(x[None])[0], rtol=0, atol=1e-5)
+
+
+def test_a_dense_layer_of_a_moe_model_stays_an_mlp(checkpoints):
+    model = model_loader.load_model(checkpoints["qwen3_moe-dense-first"])
+    assert not isinstance(model.model.layers[0].mlp, Qwen3MoeSparseBlock)
+    assert isinstance(model.model.layers[1].mlp, Qwen3MoeSparseBlock)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_quantizing_a_moe_is_refused_by_name(checkpoints, method):
+    with pytest.raises(ValueError, match=rf"quantization='{method}' is not implemented for qwen3_moe"):
+        model_loader.load_model(checkpoints["qwen3_moe"], quantization=method)
+
+
+def test_a_moe_checkpoint_missing_an_expert_is_named(checkpoints, tmp_path):
+    """An expert's tensor dropped from its shard (the index rewritten without it): the load names the expert."""
+    from safetensors.torch import load_file, save_file
+
+    path = shutil.copytree(checkpoints["qwen3_moe"], tmp_path / "moe")
+    index_file = path / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    name = "model.layers.1.mlp.experts.5.up_proj.weight"
+    shard = path / index["weight_map"].pop(name)
+    tensors = load_file(shard)
+    del tensors[name]
+    save_file(tensors, shard, metadata={"format": "pt"})
+    index_file.write_text(json.dumps(index))
+    with pytest.raises(model_loader.CheckpointError, match=r"no weights for experts \[\('model\.layers\.1\.mlp', 5, "
+                                                           r"'up_proj'\)\]"):
         model_loader.load_model(path)
