@@ -72,4 +72,5 @@ execute: setup export
 # The book's website from the executed notebooks (no re-run), book.toml its table of contents: open
 # _build/book/index.html. Sphinx, sphinx-book-theme and MyST-NB come with the `book` extra.
 book: $(STAMP)
+	rm -rf _build/book
 	$(PY) -m rosellm_edu.book.site --out _build/book

@@ -206,6 +206,21 @@ def test_links_to_chapters_become_pages_and_links_to_files_become_downloads(tmp_
     assert "The first." in text_of(out / "index.html")
 
 
+def test_a_rebuild_leaves_no_page_behind_and_a_folder_of_other_files_is_refused(tmp_path):
+    root = make_book(tmp_path / "src", "# A")
+    out = tmp_path / "out"
+    site.build(out, root)
+    (root / "notebooks" / "02_b.ipynb").rename(root / "notebooks" / "02_c.ipynb")
+    (root / "book.toml").write_text((root / "book.toml").read_text().replace("02_b", "02_c"))
+    site.build(out, root)
+    assert (out / "notebooks" / "02_c.html").is_file() and not (out / "notebooks" / "02_b.html").exists()
+    (other := tmp_path / "other").mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(RuntimeError, match="holds no earlier build"):
+        site.build(other, root)
+    assert (other / "notes.txt").read_text() == "mine"
+
+
 @pytest.mark.parametrize("link", ["03_missing.ipynb", "../pkg/missing.py"])
 def test_a_link_to_a_missing_chapter_or_file_fails_the_build_naming_it(tmp_path, link):
     root = make_book(tmp_path / "src", f"# A\n[broken]({link})")

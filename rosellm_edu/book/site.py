@@ -184,7 +184,14 @@ def stage(src: Path, root: Path) -> None:
 
 
 def build(out: Path, root: Path = ROOT) -> Path:
-    """Build the site into out; return its landing page. Raises RuntimeError with Sphinx's warnings, if any."""
+    """Build the site into out; return its landing page. Raises RuntimeError with Sphinx's warnings, if any.
+
+    out is emptied first, so that no page of a chapter book.toml no longer lists stays behind; a folder that holds
+    anything but an earlier build (Sphinx's .buildinfo) is refused."""
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / ".buildinfo").is_file():
+            raise RuntimeError(f"{out} is not empty and holds no earlier build of the book: empty it or choose another")
+        shutil.rmtree(out)
     with tempfile.TemporaryDirectory(prefix="rosellm-book-") as tmp:
         src, warnings = Path(tmp) / "src", Path(tmp) / "warnings.txt"
         src.mkdir()
