@@ -273,6 +273,9 @@ def test_a_chapter_page_marks_itself_links_its_neighbours_and_outlines_its_secti
     assert links == neighbours
     outline = page.locator("nav.page-toc a").evaluate_all("as => as.map(a => a.getAttribute('href'))")
     assert len(outline) > 3 and all(page.locator(f"section[id='{h[1:]}']").count() == 1 for h in outline)
+    anchors = page.locator("section > h2 > a.headerlink").evaluate_all(  # each heading links to itself
+        "as => as.map(a => [a.getAttribute('href'), a.closest('section').id])")
+    assert len(anchors) > 3 and all(href == f"#{section}" for href, section in anchors)
 
 
 def test_figures_and_the_widgets_picture_are_shown(built, page):

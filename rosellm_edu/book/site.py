@@ -9,7 +9,8 @@ repository files their links point to (the site offers those as downloads). Any 
 missing chapter or file, fails the build with the warning's text.
 
 A live widget needs a running kernel, so where an output carries both a widget view and a picture (chapter 01's
-explorer leaves one beside its widget), the site shows the picture.
+explorer leaves one beside its widget), the site shows the picture; a widget with no picture (a progress bar) is
+left out. Nothing on a page is fetched from the web, and search works from the folder opened as files.
 """
 
 from __future__ import annotations
@@ -117,12 +118,11 @@ def readme_sections(text: str, names: list[str]) -> str:
     return "".join(found)
 
 
-def landing_page(root: Path, chapters: list[Chapter]) -> str:
-    book = tomllib.loads((root / "book.toml").read_text())
+def landing_page(root: Path, title: str, chapters: list[Chapter]) -> str:
+    description = tomllib.loads((root / "book.toml").read_text()).get("description", "")
     figures = readme_sections((root / "README.md").read_text(), FIGURE_SECTIONS)
     figures = readme.render(figures, readme.machines(root / "notebooks" / "data"))
-    return LANDING.format(title=book["title"], description=book.get("description", ""),
-                          contents=contents(chapters), figures=figures) + "\n" + toctree(chapters)
+    return LANDING.format(title=title, description=description, contents=contents(chapters), figures=figures) + "\n" + toctree(chapters)
 
 
 def without_live_widgets(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -164,12 +164,12 @@ def linked_files(markdown: str, folder: Path, root: Path) -> set[Path]:
 
 def stage(src: Path, root: Path) -> None:
     """Write the Sphinx project into src: conf.py, index.md, the notebooks and the files they link to."""
-    _, chapters = load_book(root)
-    (src / "conf.py").write_text(f"project = {load_book(root)[0]!r}\nhtml_title = project\n"
+    title, chapters = load_book(root)
+    (src / "conf.py").write_text(f"project = {title!r}\nhtml_title = project\n"
                                  + "".join(f"{key} = {value!r}\n" for key, value in CONF.items()))
     (src / "_static").mkdir()
     (src / "_static" / "book.css").write_text(CSS)
-    index = landing_page(root, chapters)
+    index = landing_page(root, title, chapters)
     (src / "index.md").write_text(index)
     files = linked_files(index, root, root)
     (src / "notebooks").mkdir()
