@@ -49,7 +49,7 @@ model: $(STAMP)
 	$(PY) -c "from rosellm_edu.kernels import cpu_quant; cpu_quant.extension()"
 
 lab: setup
-	@echo "JupyterLab: open http://$(LAB_IP):$(LAB_PORT)/lab?token=$(LAB_TOKEN)"
+	@echo "JupyterLab: open http://$(if $(filter 0.0.0.0,$(LAB_IP)),127.0.0.1,$(LAB_IP)):$(LAB_PORT)/lab?token=$(LAB_TOKEN)"
 	$(LAB_COMMAND)
 
 # The command `make lab` runs (tests/test_lab.py starts it on a free port).
