@@ -161,20 +161,21 @@ torch::Tensor int4_dequantize_out(torch::Tensor qs, torch::Tensor d, torch::Tens
 """
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 52
+# notebooks/11_weight_only_quantization.ipynb, cell 58
 @functools.cache
 def extension():
     """The 4-bit and 8-bit kernels, or None where they cannot be built (the layers then de-quantize with PyTorch
     ops)."""
     return build_cpp("rosellm_edu_int4", SOURCE, ["int4_linear", "int4_dequantize_out", "int8_linear",
-                                                  "int8_dequantize_out", "int4_linear_bf16", "has_bf16_dot"],
+                                                  "int8_dequantize_out", "int4_linear_bf16", "has_bf16_dot",
+                                                  "tiled_linear", "tiled_dequantize_out"],
                      "quantized layers de-quantize with PyTorch ops instead", extra_cflags=("-fno-trapping-math",))
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 53
+# notebooks/11_weight_only_quantization.ipynb, cell 59
 def int4_linear_cpp(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """x (rows <= 4, K) @ W^T for W packed as qs (N, K/32, 16), d and m (N, K/32): W is read once, as 4 bits.
-    One bfloat16 row takes the loop bf16_row_choice measured faster here."""
+    One bfloat16 row takes the bfloat16 dot-product loop where bf16_row_choice measured it fastest."""
     if x.dtype == torch.bfloat16 and x.shape[0] == 1 and bf16_row_choice().name == "avx512-bf16":
         return extension().int4_linear_bf16(x.contiguous(), qs, d, m)
     return extension().int4_linear(x.contiguous(), qs, d, m)
@@ -316,35 +317,234 @@ torch::Tensor int4_linear_bf16(torch::Tensor x, torch::Tensor qs, torch::Tensor 
 """
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 52
+# notebooks/11_weight_only_quantization.ipynb, cell 53
+SOURCE += r"""
+typedef int8_t i8x64 __attribute__((vector_size(64), aligned(1)));
+typedef uint8_t u8x64 __attribute__((vector_size(64), aligned(1)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+// acc + the sums of 4 adjacent products of unsigned bytes u and signed bytes s: 64 products into 16 int32. AVX2
+// sums pairs in int16 first, so 8-bit codes go in as two nibbles there: no pair's sum can overflow.
+template <int BITS>
+inline i32x16 dot4(i32x16 acc, u8x64 u, i8x64 s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  return (i32x16)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)u, (__m512i)s);
+#elif defined(__AVX2__)
+  __m256i a[2], b[2], c[2];
+  std::memcpy(a, &u, 64), std::memcpy(b, &s, 64), std::memcpy(c, &acc, 64);
+  const __m256i ones = _mm256_set1_epi16(1), nibble = _mm256_set1_epi8(15);
+  for (int h = 0; h < 2; ++h) {
+#if defined(__AVXVNNI__)
+    c[h] = _mm256_dpbusd_avx_epi32(c[h], a[h], b[h]);
+#else
+    const __m256i lo = BITS == 4 ? a[h] : _mm256_and_si256(a[h], nibble);
+    c[h] = _mm256_add_epi32(c[h], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, b[h]), ones));
+    if (BITS == 8) {
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(a[h], 4), nibble);
+      c[h] = _mm256_add_epi32(c[h], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, b[h]), _mm256_set1_epi16(16)));
+    }
+#endif
+  }
+  std::memcpy(&acc, c, 64);
+  return acc;
+#else
+  for (int j = 0; j < 16; ++j)
+    for (int k = 0; k < 4; ++k) acc[j] += int32_t(u[4 * j + k]) * int32_t(s[4 * j + k]);
+  return acc;
+#endif
+}
+"""
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 54
+SOURCE += r"""
+// Rows of x as 8-bit groups of 32: x ~ q * d per group, and s = d * sum(q), the sum the minimums multiply.
+struct Q8Rows { int64_t G; std::vector<int8_t> q; std::vector<float> d, s; };   // (M, G, 32), (M, G), (M, G)
+
+template <typename T>
+Q8Rows quantize_rows(const T* x, int64_t M, int64_t K, int64_t padded) {       // zero rows from M to padded
+  const int64_t G = K / 32;
+  Q8Rows r{G, std::vector<int8_t>(padded * K), std::vector<float>(padded * G), std::vector<float>(padded * G)};
+  for (int64_t i = 0; i < M * G; ++i) {
+    float v[32], amax = 0.f;
+    for (int j = 0; j < 32; ++j) v[j] = load(x, i * 32 + j), amax = std::max(amax, std::abs(v[j]));
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    int32_t sum = 0;
+    for (int j = 0; j < 32; ++j) r.q[i * 32 + j] = int8_t(std::nearbyint(v[j] * inv)), sum += r.q[i * 32 + j];
+    r.d[i] = amax / 127.f, r.s[i] = r.d[i] * float(sum);
+  }
+  return r;
+}
+
+inline i8x64 broadcast4(const int8_t* p) {                       // 4 bytes, 16 times
+  typedef int32_t i32v __attribute__((vector_size(64)));
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return (i8x64)(i32v{} + v);
+}
+
+inline v16 halves(const _Float16* p) {                           // 16 float16 as floats
+  typedef _Float16 h16 __attribute__((vector_size(32), aligned(2)));
+  return __builtin_convertvector(*reinterpret_cast<const h16*>(p), v16);
+}
+"""
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 55
+SOURCE += r"""
+// The weight in tiles of 16 columns. For tile t and group g, `tiles` holds C = 4 (nibbles) or 8 (8-bit codes)
+// chunks of 64 bytes, chunk c being bytes 4c..4c+3 of each of the 16 columns' codes: a 32-bit lane is one column.
+// dm holds the 16 columns' scales, then their minimums, as float16: w = code * d + m.
+struct Tiles { const uint8_t* codes; const _Float16* dm; int64_t G; };
+
+// y (M, N) = x (M, K) @ W^T: per group and column, sum(code * q) in integers, times d * d_x, plus m * s_x.
+template <typename T, int M, int BITS>             // M: the rows padded to 1, 2, 4 or 8; the first `rows` are kept
+void tiled_rows(const Q8Rows& x, const Tiles& w, T* y, int64_t N, int64_t rows) {
+  constexpr int C = BITS == 4 ? 4 : 8;
+  const int64_t G = x.G;
+  at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile) {
+      v16 acc[M] = {};
+      for (int64_t g = 0; g < G; ++g) {
+        const u8x64* q = reinterpret_cast<const u8x64*>(w.codes + (tile * G + g) * 64 * C);
+        i32x16 s[M][2] = {};                                      // two sums per row: half the dependent chain
+        for (int c = 0; c < C; ++c)
+          for (int r = 0; r < M; ++r) {
+            const int8_t* xr = x.q.data() + (r * G + g) * 32;
+            if (BITS == 4) {                                      // element 4c.. low nibbles, 16 + 4c.. high
+              s[r][0] = dot4<4>(s[r][0], q[c] & 15, broadcast4(xr + 4 * c));
+              s[r][1] = dot4<4>(s[r][1], q[c] >> 4, broadcast4(xr + 16 + 4 * c));
+            } else {
+              s[r][c & 1] = dot4<8>(s[r][c & 1], q[c], broadcast4(xr + 4 * c));
+            }
+          }
+        const v16 d = halves(w.dm + (tile * G + g) * 32), m = halves(w.dm + (tile * G + g) * 32 + 16);
+        for (int r = 0; r < M; ++r)
+          acc[r] += __builtin_convertvector(s[r][0] + s[r][1], v16) * (d * x.d[r * G + g]) + m * x.s[r * G + g];
+      }
+      for (int r = 0; r < rows; ++r) store16(y + r * N + tile * 16, acc[r]);
+    }
+  });
+}
+"""
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 56
+SOURCE += r"""
+// The tiles read back group by group (group i = n * G + g of column n), for the loops written per group:
+// de-quantizing, for steps of more than 8 rows.
+template <int BITS>
+struct TiledGroups : Tiles {
+  int64_t at(int64_t i) const { return i / G / 16 * G + i % G; }    // the group's tile and group: tile * G + g
+  float scale(int64_t i) const { return dm[at(i) * 32 + i / G % 16]; }
+  float min(int64_t i) const { return dm[at(i) * 32 + 16 + i / G % 16]; }
+  void load(int64_t i, v16& lo, v16& hi) const {
+    uint8_t b[32];                                                // the column's codes, in the file's order
+    for (int c = 0; c < BITS; ++c) std::memcpy(b + 4 * c, codes + at(i) * 64 * BITS + 64 * c + i / G % 16 * 4, 4);
+    u8x16 q[2];
+    std::memcpy(q, b, 32);
+    lo = to_float(BITS == 4 ? q[0] & 15 : q[0]), hi = to_float(BITS == 4 ? q[0] >> 4 : q[1]);
+  }
+};
+
+Tiles check_tiles(const torch::Tensor& tiles, const torch::Tensor& dm, int64_t bits) {
+  TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8, got ", bits);
+  TORCH_CHECK(tiles.device().is_cpu() && tiles.scalar_type() == at::kByte && tiles.is_contiguous() &&
+              tiles.dim() == 5 && tiles.size(2) == bits && tiles.size(3) == 16 && tiles.size(4) == 4,
+              "tiles must be a contiguous uint8 (N / 16, G, ", bits, ", 16, 4) tensor, got ", tiles.sizes());
+  TORCH_CHECK(dm.scalar_type() == at::kHalf && dm.is_contiguous() && dm.dim() == 4 && dm.size(0) == tiles.size(0) &&
+              dm.size(1) == tiles.size(1) && dm.size(2) == 2 && dm.size(3) == 16,
+              "dm must be a contiguous float16 (N / 16, G, 2, 16) tensor, got ", dm.sizes());
+  return {tiles.data_ptr<uint8_t>(), reinterpret_cast<const _Float16*>(dm.data_ptr<at::Half>()), tiles.size(1)};
+}
+"""
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 57
+SOURCE += r"""
+torch::Tensor tiled_linear(torch::Tensor x, torch::Tensor tiles, torch::Tensor dm, int64_t bits) {
+  const Tiles w = check_tiles(tiles, dm, bits);
+  const int64_t N = tiles.size(0) * 16, M = x.size(0), padded = M <= 2 ? M : M <= 4 ? 4 : 8;
+  check_rows(x, "x");
+  TORCH_CHECK(M >= 1 && M <= 8, "x must have 1 to 8 rows, got ", M);
+  TORCH_CHECK(x.size(1) == w.G * 32, "x has ", x.size(1), " columns but the weight ", w.G * 32);
+  auto y = torch::empty({M, N}, x.options());
+  DISPATCH(x.scalar_type(), "tiled_linear", [&] {
+    const Q8Rows xq = quantize_rows(x.data_ptr<scalar_t>(), M, x.size(1), padded);
+    auto f = bits == 4 ? (padded == 1 ? tiled_rows<scalar_t, 1, 4> : padded == 2 ? tiled_rows<scalar_t, 2, 4> :
+                          padded == 4 ? tiled_rows<scalar_t, 4, 4> : tiled_rows<scalar_t, 8, 4>)
+                       : (padded == 1 ? tiled_rows<scalar_t, 1, 8> : padded == 2 ? tiled_rows<scalar_t, 2, 8> :
+                          padded == 4 ? tiled_rows<scalar_t, 4, 8> : tiled_rows<scalar_t, 8, 8>);
+    f(xq, w, y.data_ptr<scalar_t>(), N, M);
+  });
+  return y;
+}
+
+torch::Tensor tiled_dequantize_out(torch::Tensor tiles, torch::Tensor dm, int64_t bits, at::ScalarType dtype) {
+  const Tiles w = check_tiles(tiles, dm, bits);
+  return bits == 4 ? groups_dequantize(TiledGroups<4>{w}, tiles.size(0) * 16, w.G, dtype)
+                   : groups_dequantize(TiledGroups<8>{w}, tiles.size(0) * 16, w.G, dtype);
+}
+"""
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 57
+def tile(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """codes (N, G, B) uint8, B = 16 (Q4_1's nibbles) or 32 (8-bit codes), d and m (N, G) float16 -> the tiles
+    (N/16, G, B/4, 16, 4) and dm (N/16, G, 2, 16): the same bytes, 16 columns side by side."""
+    N, G, B = codes.shape
+    tiles = codes.view(N // 16, 16, G, B // 4, 4).permute(0, 2, 3, 1, 4).contiguous()
+    dm = torch.stack([d, m], -1).view(N // 16, 16, G, 2).permute(0, 2, 3, 1).contiguous()
+    return tiles, dm
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 58
 @functools.cache
 def has_bf16_dot() -> bool:
     """Whether the kernels were built for a CPU with AVX512-BF16 (the compiler targets the machine it runs on)."""
     return extension().has_bf16_dot()
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 52
+# notebooks/11_weight_only_quantization.ipynb, cell 58
 def int8_linear_cpp(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """x (rows <= 4, K) @ W^T for W in Q8_0 groups: qs (N, K/32, 32) int8, d (N, K/32) float16."""
     return extension().int8_linear(x.contiguous(), qs, d)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 52
+# notebooks/11_weight_only_quantization.ipynb, cell 58
 def int8_dequantize_cpp(qs: torch.Tensor, d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """W (N, K) in dtype, one pass over the Q8_0 groups."""
     return extension().int8_dequantize_out(qs, d, dtype)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 53
+# notebooks/11_weight_only_quantization.ipynb, cell 58
+def tiled_linear_cpp(x: torch.Tensor, tiles: torch.Tensor, dm: torch.Tensor, bits: int) -> torch.Tensor:
+    """x (rows <= 8, K) @ W^T for W in tiles of 4- or 8-bit codes: x rounded to 8-bit groups, integer dots."""
+    return extension().tiled_linear(x.contiguous(), tiles, dm, bits)
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 58
+def tiled_dequantize_cpp(tiles: torch.Tensor, dm: torch.Tensor, bits: int, dtype: torch.dtype) -> torch.Tensor:
+    """W (N, K) in dtype, from its tiles."""
+    return extension().tiled_dequantize_out(tiles, dm, bits, dtype)
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 59
 @functools.cache
 def bf16_row_choice() -> Choice:
     """The loop for one bfloat16 row, measured once per process on a (2048, 1536) 4-bit weight: the portable loop
-    (the default) or, where the kernels were built with AVX512-BF16, the dot-product loop."""
+    (the default), the int8-dot loop on the weight in tiles and, where the kernels were built with AVX512-BF16, the
+    bfloat16 dot-product loop."""
     gen = torch.Generator().manual_seed(0)
     qs = torch.randint(0, 256, (2048, 48, 16), dtype=torch.uint8, generator=gen)     # (N, K/32, 16)
     d, m = torch.rand(2, 2048, 48, generator=gen).half()                             # (N, K/32) each
     x = torch.randn(1, 1536, generator=gen).bfloat16()
-    loops = {"portable": lambda: extension().int4_linear(x, qs, d, m)}
+    tiles, dm = tile(qs, d, m)
+    loops = {"portable": lambda: extension().int4_linear(x, qs, d, m),
+             "int8-dot": lambda: extension().tiled_linear(x, tiles, dm, 4)}
     if has_bf16_dot():
         loops["avx512-bf16"] = lambda: extension().int4_linear_bf16(x, qs, d, m)
     return choose("int4 loop, one bfloat16 row", loops)

@@ -101,7 +101,12 @@ class Int4Linear(nn.Module):
         bias = None if linear.bias is None else linear.bias.detach()
         return cls(linear.in_features, linear.out_features, pack_int4(q), d, m, bias)
 
+    # notebooks/11_weight_only_quantization.ipynb, cell 61
     def forward(self, x: torch.Tensor) -> torch.Tensor:             # x: (rows, K) -> (rows, N)
+        if getattr(self, "tiles", None) is not None:                 # tiled, so on a CPU with the kernels built
+            y = (cpu_quant.tiled_linear_cpp(x, self.tiles, self.dm, 4) if x.shape[0] <= TILED_ROWS else
+                 F.linear(x, cpu_quant.tiled_dequantize_cpp(self.tiles, self.dm, 4, x.dtype)))
+            return y if self.bias is None else y + self.bias
         if x.device.type == "cpu" and x.dim() == 2 and cpu_quant.extension() is not None:
             if x.shape[0] <= FEW_ROWS:
                 y = cpu_quant.int4_linear_cpp(x, self.qs, self.d, self.m)
@@ -110,15 +115,24 @@ class Int4Linear(nn.Module):
         w = dequantize_int4(unpack_int4(self.qs), self.d, self.m).to(x.dtype)   # a GPU, or no compiler
         return F.linear(x, w, self.bias)
 
+    # notebooks/11_weight_only_quantization.ipynb, cell 61
+    def tile_(self) -> None:
+        """Re-lay the weight in place, in tiles of 16 columns for the int8-dot loop (the same bytes)."""
+        tiles, dm = cpu_quant.tile(self.qs, self.d, self.m)
+        del self.qs, self.d, self.m
+        self.register_buffer("tiles", tiles)                         # (N/16, K/32, 4, 16, 4) uint8
+        self.register_buffer("dm", dm)                               # (N/16, K/32, 2, 16) float16
+
 
 # notebooks/11_weight_only_quantization.ipynb, cell 41
 QUANTIZED_LINEARS = {"int8": Int8Linear, "int4": Int4Linear.from_linear}
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 60
+# notebooks/11_weight_only_quantization.ipynb, cell 73
 def quantize_model(model: nn.Module, method: str) -> nn.Module:
     """Replace every Linear of the decoder layers by its quantized copy, in place, and a Llama's LM head by 8-bit
-    groups where head_choice measures them faster. The embedding keeps the model's dtype."""
+    groups where head_choice measures them faster; then tiles them where the int8-dot loop won. The
+    embedding keeps the model's dtype."""
     if method not in QUANTIZED_LINEARS:
         raise ValueError(f"quantize_model takes one of {sorted(QUANTIZED_LINEARS)}, got {method!r}")
     for layer in model.model.layers if hasattr(model, "model") else model.h:      # Llama, or GPT-2
@@ -130,7 +144,7 @@ def quantize_model(model: nn.Module, method: str) -> nn.Module:
         tied = head.weight is model.model.embed_tokens.weight
         q8 = Int8GroupLinear.from_linear(head, dense=head.weight.detach() if tied else None)
         model.lm_head = faster_head(head, q8)
-    return model
+    return tile_for_rows(model, next(p.dtype for p in model.parameters() if p.is_floating_point()))
 
 
 # notebooks/11_weight_only_quantization.ipynb, cell 46
@@ -172,9 +186,15 @@ class Int8GroupLinear(nn.Module):
             raise ValueError("Int8GroupLinear holds no bias; this Linear has one")
         return cls(linear.in_features, linear.out_features, *quantize_q8_0(linear.weight.detach()), dense)
 
+    # notebooks/11_weight_only_quantization.ipynb, cell 62
     def forward(self, x: torch.Tensor) -> torch.Tensor:             # x: (rows, K) -> (rows, N)
+        tiled = getattr(self, "tiles", None) is not None
+        if tiled and x.shape[0] <= TILED_ROWS:
+            return cpu_quant.tiled_linear_cpp(x, self.tiles, self.dm, 8)
         if self.dense is not None and x.shape[0] > FEW_ROWS:
             return F.linear(x, self.dense.to(x.dtype))
+        if tiled:
+            return F.linear(x, cpu_quant.tiled_dequantize_cpp(self.tiles, self.dm, 8, x.dtype))
         cpu = x.device.type == "cpu" and x.dim() == 2 and cpu_quant.extension() is not None
         if cpu and x.shape[0] <= FEW_ROWS and self.out_features % 16 == 0:
             return cpu_quant.int8_linear_cpp(x, self.qs, self.d)
@@ -182,8 +202,32 @@ class Int8GroupLinear(nn.Module):
             return F.linear(x, cpu_quant.int8_dequantize_cpp(self.qs, self.d, x.dtype))
         return F.linear(x, dequantize_q8_0(self.qs, self.d).to(x.dtype))                 # a GPU, or no compiler
 
+    # notebooks/11_weight_only_quantization.ipynb, cell 62
+    def tile_(self) -> None:
+        """Tiles as Int4Linear's, the codes as q + 128 (unsigned, as the loop takes them) with a minimum of -128 d."""
+        tiles, dm = cpu_quant.tile(self.qs.view(torch.uint8) ^ 0x80, self.d, self.d * -128)
+        del self.qs, self.d
+        self.register_buffer("tiles", tiles)                         # (N/16, K/32, 8, 16, 4) uint8
+        self.register_buffer("dm", dm)                               # (N/16, K/32, 2, 16) float16
 
-# notebooks/11_weight_only_quantization.ipynb, cell 57
+
+# notebooks/11_weight_only_quantization.ipynb, cell 61
+TILED_ROWS = 8                # up to this many rows, a tiled layer runs the int8-dot loop
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 62
+def tile_for_rows(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Tile every 4-bit and 8-bit layer of `model` where bf16_row_choice measured the int8-dot loop fastest, for
+    bfloat16 activations on a CPU. float32 keeps the exact loops, so its outputs stay the float32 model's."""
+    if dtype == torch.bfloat16 and cpu_quant.extension() is not None and cpu_quant.bf16_row_choice().name == "int8-dot":
+        for layer in model.modules():
+            if (isinstance(layer, (Int4Linear, Int8GroupLinear)) and getattr(layer, "tiles", None) is None
+                    and layer.qs.device.type == "cpu" and layer.out_features % 16 == 0):
+                layer.tile_()
+    return model
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 70
 @torch.no_grad()
 def head_choice(dense: nn.Linear, q8: Int8GroupLinear) -> Choice:
     """The LM head's format at one row, measured once per process, dtype and shape: the model's dtype through the
@@ -195,9 +239,10 @@ def head_choice(dense: nn.Linear, q8: Int8GroupLinear) -> Choice:
                   {dtype: lambda: linear(x, dense), "Q8_0": lambda: q8(x)})
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 57
+# notebooks/11_weight_only_quantization.ipynb, cell 70
 def faster_head(dense: nn.Linear, q8: Int8GroupLinear) -> nn.Module:
-    """The head head_choice measured faster; off the CPU the dense one (Q8_0 there would expand every step)."""
-    if dense.weight.device.type == "cpu" and head_choice(dense, q8).name == "Q8_0":
+    """The head head_choice measured faster, Q8_0 in tiles where the int8-dot loop won; off the CPU the dense one
+    (Q8_0 there would expand every step)."""
+    if dense.weight.device.type == "cpu" and head_choice(dense, tile_for_rows(q8, dense.weight.dtype)).name == "Q8_0":
         return q8
     return dense
