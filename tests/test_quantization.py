@@ -267,16 +267,19 @@ def test_head_choice_is_measured_once_per_dtype_and_names_a_candidate():
     assert choice.name in ("float32", "Q8_0") and set(choice.seconds) == {"float32", "Q8_0"}
     assert head_choice(head, q8) is choice and faster_head(head, q8) in (head, q8)
     loop = cpu_quant.bf16_row_choice()
-    assert loop.name in loop.seconds and set(loop.seconds) <= {"portable", "avx512-bf16"}
+    assert loop.name in loop.seconds and {"portable", "int8-dot"} <= set(loop.seconds) <= {"portable", "int8-dot",
+                                                                                        "avx512-bf16"}
 
 
+@pytest.mark.parametrize("loop", ["portable", "int8-dot"])
 @pytest.mark.parametrize("method", ["int4", "gguf"])
-def test_bfloat16_activations_stay_close_to_float32(method, our_model, tokenizer):
+def test_bfloat16_activations_stay_close_to_float32(method, loop, our_model, tokenizer, monkeypatch):
     """Chapter 11 prints its quality table with float32 activations (the same digits on every CPU); with
     bfloat16 activations the digits depend on the CPU (AMX, AVX512-BF16, the order of sums), so they are bounded
-    here instead."""
+    here instead. The int8-dot loop rounds the activations to 8 bits as well, and stays within the same bounds."""
     from rosellm_edu.benchmarks.quality import TEXT, compare, logits
 
+    monkeypatch.setattr(cpu_quant, "bf16_row_choice", lambda: timing.Choice(loop, {}))
     ids = tokenizer(TEXT).input_ids
     model = model_loader.load_model(model_loader.resolve_model(), torch.bfloat16, quantization=method)
     scores = compare(logits(our_model, ids), logits(model, ids), ids)

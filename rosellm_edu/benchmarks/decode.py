@@ -10,9 +10,11 @@ transfer to the host waits for the GPU, so the time per step is the TPOT a reque
 Models: "gpt2" (GPT-2 124M's shape, random weights) and "embedded" (SmolLM2-135M with its own weights).
 On a machine without CUDA there are no graphs to capture: only eager runs, and the output says so.
 
-Beside the batch-1 TPOT it prints the weights-over-bandwidth floor (chapter 08): a decode step reads every weight
-once, so no step can be faster than weight_bytes / the memory bandwidth measured here. JSON keys: per model
-"weight_bytes" and "weight_floor_ms"; in "machine", "bandwidth_gb_s".
+Beside the batch-1 TPOT it prints the weights-over-bandwidth floors (chapter 08): a decode step reads every weight
+once, so no step can be faster than weight_bytes / the memory bandwidth. Two bandwidths are measured: a copy's
+(chapter 08's, read + write) and a sum's (read only, as a decode step reads its weights; chapter 11). JSON keys: per
+model "weight_bytes", "weight_floor_ms" (copy) and "weight_read_floor_ms"; in "machine", "bandwidth_gb_s" and
+"read_bandwidth_gb_s".
 """
 
 import argparse
@@ -140,27 +142,30 @@ def main(argv=None) -> dict:
                         help=f"write the results as JSON (default on a GPU: {DATA_FILE.relative_to(DATA_FILE.parents[2])})")
     args = parser.parse_args(argv)
 
-    from rosellm_edu.benchmarks.roofline import memory_bandwidth
+    from rosellm_edu.benchmarks.roofline import memory_bandwidth, memory_read_bandwidth
 
     device = torch.device("cuda" if cuda else "cpu")
     report = {"machine": machine(device), "args": vars(args), "models": []}
-    bandwidth = memory_bandwidth(device=device)
+    bandwidth, read_bandwidth = memory_bandwidth(device=device), memory_read_bandwidth(device=device)
     report["machine"]["bandwidth_gb_s"] = bandwidth / 1e9
+    report["machine"]["read_bandwidth_gb_s"] = read_bandwidth / 1e9
     print(f"Machine: {report['machine']['device']}, torch {torch.__version__}, CUDA graphs "
-          f"{report['machine']['cuda_graphs']}, memory bandwidth {bandwidth / 1e9:.1f} GB/s")
+          f"{report['machine']['cuda_graphs']}, memory bandwidth {bandwidth / 1e9:.1f} GB/s (copy), "
+          f"{read_bandwidth / 1e9:.1f} GB/s (read)")
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     for name in args.models.split(","):
         model = load(name, getattr(torch, args.dtype), device, args.quantization)
         print(f"{name} ({weight_bytes(model) / 1e6:.0f} MB of weights, {args.dtype}, quantization {args.quantization}):")
         with torch.no_grad():
             results = measure(model, batch_sizes, args.context, args.steps, args.warmup, args.block_size)
-        floor_ms = 1e3 * weight_bytes(model) / bandwidth
+        floor_ms, read_floor_ms = (1e3 * weight_bytes(model) / b for b in (bandwidth, read_bandwidth))
         for r in (r for r in results if r["batch_size"] == 1):
             print(f"  {r['mode']:>5} batch 1: TPOT {r['tpot_ms']:.2f} ms, weights-over-bandwidth floor "
-                  f"{floor_ms:.2f} ms ({r['tpot_ms'] / floor_ms:.1f}x the floor)")
+                  f"{floor_ms:.2f} ms copy ({r['tpot_ms'] / floor_ms:.1f}x), {read_floor_ms:.2f} ms read "
+                  f"({r['tpot_ms'] / read_floor_ms:.1f}x)")
         report["models"].append({"model": name, "dtype": args.dtype, "quantization": args.quantization,
-                                 "weight_bytes": weight_bytes(model),
-                                 "weight_floor_ms": floor_ms, "results": results})
+                                 "weight_bytes": weight_bytes(model), "weight_floor_ms": floor_ms,
+                                 "weight_read_floor_ms": read_floor_ms, "results": results})
         del model
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,8 @@ def machine_line(device: torch.device = torch.device("cpu")) -> str:
 
 
 # The CPU features that decide which of this book's paths wins, strongest first (see chapters 02, 10 and 11).
-DECIDING_FLAGS = {"amx_tile": "amx", "avx512_bf16": "avx512-bf16", "avx512f": "avx512", "avx2": "avx2"}
+DECIDING_FLAGS = {"amx_tile": "amx", "avx512_bf16": "avx512-bf16", "avx512_vnni": "avx512-vnni", "avx512f": "avx512",
+                  "avx_vnni": "avx-vnni", "avx2": "avx2"}
 DATA_DIR = Path(__file__).resolve().parents[2] / "notebooks" / "data"
 
 

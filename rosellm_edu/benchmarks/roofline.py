@@ -1,4 +1,4 @@
-# Generated from notebooks/08_where_the_time_goes.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/08_where_the_time_goes.ipynb, notebooks/11_weight_only_quantization.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -113,3 +113,12 @@ def lm_head_weight(model) -> torch.Tensor:
     """(vocab, hidden): the LM head's own weight, or the token embedding it is tied to (GPT-2 has no lm_head)."""
     head = getattr(model, "lm_head", None)
     return head.weight if head is not None else model.wte.weight
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 71
+def memory_read_bandwidth(num_bytes: int = 256 * 2**20, device: str | torch.device = "cpu", repeat: int = 5) -> float:
+    """Bytes per second this device reads: a sum over a tensor far larger than any cache reads each byte once and
+    writes nothing, as a decode step reads its weights (a copy, chapter 08's memory_bandwidth, writes too)."""
+    device = torch.device(device)
+    src = torch.ones(num_bytes // 4, device=device)
+    return num_bytes / device_time(lambda: src.sum(), device, repeat)

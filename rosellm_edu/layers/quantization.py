@@ -128,7 +128,7 @@ class Int4Linear(nn.Module):
 QUANTIZED_LINEARS = {"int8": Int8Linear, "int4": Int4Linear.from_linear}
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 73
+# notebooks/11_weight_only_quantization.ipynb, cell 74
 def quantize_model(model: nn.Module, method: str) -> nn.Module:
     """Replace every Linear of the decoder layers by its quantized copy, in place, and a Llama's LM head by 8-bit
     groups where head_choice measures them faster; then tiles them where the int8-dot loop won. The
