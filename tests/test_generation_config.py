@@ -137,3 +137,13 @@ def test_the_server_fills_only_the_fields_a_request_leaves_out(checkpoints, mode
     finally:
         thread.stop()
         engine.shutdown()
+
+
+@pytest.mark.parametrize("flag, expected", [([], {"temperature": 0.7, "top_k": 5, "max_tokens": 12}),
+                                            (["--generation-config", "vllm"], {})])
+def test_the_serve_command_takes_the_generation_config_flag(checkpoints, flag, expected):
+    from rosellm_edu.entrypoints.cli import build_engine, serve_args
+
+    engine = build_engine(serve_args(["--model", str(checkpoints["path"]), "--dtype", "float32",
+                                      "--num-kv-blocks", "32", *flag]))
+    assert engine.get_diff_sampling_param() == expected

@@ -10,6 +10,7 @@ from torch import nn
 from rosellm_edu import LLM, SamplingParams, timing
 from rosellm_edu.kernels import cpu_quant
 from rosellm_edu.kernels.build import build_cpp
+from rosellm_edu.kernels.cpu_fused import DECODE_ROWS
 from rosellm_edu.layers.quantization import (TILED_ROWS, Int4Linear, Int8GroupLinear, dequantize_int4,
                                              dequantize_q8_0, pack_int4, quantize_int4, quantize_q8_0,
                                              tile_for_rows, unpack_int4)
@@ -59,18 +60,25 @@ def test_int8_dot_loop_equals_its_re_computation(shape, rows):
         torch.testing.assert_close(y.float(), rounded_rows(x.bfloat16()) @ w.T, atol=2e-2, rtol=1e-2)
 
 
-def test_more_rows_expand_the_tiles_for_a_matmul():
+@pytest.mark.parametrize("loop", ["expand", "int8-dot"])
+def test_more_rows_take_the_loop_measured_faster(loop, monkeypatch):
+    """Past TILED_ROWS rows, up to a decode step's, the loop 8 rows at a time or the expanded weight's matmul, as
+    many_rows_choice measured; a prefill's rows always expand."""
+    monkeypatch.setattr(cpu_quant, "many_rows_choice", lambda: timing.Choice(loop, {}))
     for layer, w in layers((64, 96), 3):
-        x = torch.randn(TILED_ROWS + 3, 96)
         layer.tile_()
-        torch.testing.assert_close(layer(x), x @ w.T, atol=1e-5, rtol=1e-5)   # exact: no rounding of x
+        for rows in (TILED_ROWS + 3, 29, DECODE_ROWS + 1):
+            x = torch.randn(rows, 96)
+            rounded = loop == "int8-dot" and rows <= DECODE_ROWS and isinstance(layer, Int4Linear)
+            expected = (rounded_rows(x) if rounded else x) @ w.T              # expanded: no rounding of x
+            torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_the_loop_rejects_what_it_does_not_run():
     (four, _), _ = layers((32, 64), 0)
     four.tile_()
-    with pytest.raises(RuntimeError, match="1 to 8 rows"):
-        cpu_quant.tiled_linear_cpp(torch.randn(9, 64), four.tiles, four.dm, 4)
+    with pytest.raises(RuntimeError, match="at least one row"):
+        cpu_quant.tiled_linear_cpp(torch.randn(0, 64), four.tiles, four.dm, 4)
     with pytest.raises(RuntimeError, match="columns but the weight"):
         cpu_quant.tiled_linear_cpp(torch.randn(1, 96), four.tiles, four.dm, 4)
     with pytest.raises(RuntimeError, match=r"tiles must be a contiguous uint8 \(N / 16, G, 8"):

@@ -39,6 +39,9 @@ def serve_args(argv: list[str]) -> argparse.Namespace:
                         help="priority: requests with a lower `priority` field run first (vLLM's)")
     parser.add_argument("--max-grammar-bytes", type=int, default=65536,
                         help="the largest schema, regex or grammar a request may constrain its output with (chapter 13)")
+    parser.add_argument("--generation-config", default="auto",
+                        help="auto: the sampling defaults of the model's generation_config.json; vllm: ours; or a "
+                             "directory holding a generation_config.json (vLLM's flag, appendix 13b)")
     parser.add_argument("--api-key", default=os.environ.get("ROSELLM_API_KEY"),
                         help="every /v1 route then needs `Authorization: Bearer KEY` (default: $ROSELLM_API_KEY; "
                              "/health, /metrics, /tokenize and /detokenize stay open)")
@@ -81,7 +84,8 @@ def build_engine(args: argparse.Namespace):
                      max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                      enable_prefix_caching=not args.no_prefix_caching, max_model_len=args.max_model_len,
                      quantization=args.quantization, speculative_config=args.speculative_config,
-                     scheduling_policy=args.scheduling_policy, max_grammar_bytes=args.max_grammar_bytes)
+                     scheduling_policy=args.scheduling_policy, max_grammar_bytes=args.max_grammar_bytes,
+                     generation_config=args.generation_config)
 
 
 def serve(argv: list[str]) -> None:

@@ -5,6 +5,7 @@
 import functools
 
 import torch
+import torch.nn.functional as F
 
 from rosellm_edu.kernels.build import build_cpp
 from rosellm_edu.kernels.cpu_fused import SOURCE as POINTWISE_SOURCE
@@ -161,7 +162,7 @@ torch::Tensor int4_dequantize_out(torch::Tensor qs, torch::Tensor d, torch::Tens
 """
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 58
+# notebooks/11_weight_only_quantization.ipynb, cell 59
 @functools.cache
 def extension():
     """The 4-bit and 8-bit kernels, or None where they cannot be built (the layers then de-quantize with PyTorch
@@ -172,7 +173,7 @@ def extension():
                      "quantized layers de-quantize with PyTorch ops instead", extra_cflags=("-fno-trapping-math",))
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 59
+# notebooks/11_weight_only_quantization.ipynb, cell 60
 def int4_linear_cpp(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """x (rows <= 4, K) @ W^T for W packed as qs (N, K/32, 16), d and m (N, K/32): W is read once, as 4 bits.
     One bfloat16 row takes the bfloat16 dot-product loop where bf16_row_choice measured it fastest."""
@@ -467,18 +468,21 @@ Tiles check_tiles(const torch::Tensor& tiles, const torch::Tensor& dm, int64_t b
 SOURCE += r"""
 torch::Tensor tiled_linear(torch::Tensor x, torch::Tensor tiles, torch::Tensor dm, int64_t bits) {
   const Tiles w = check_tiles(tiles, dm, bits);
-  const int64_t N = tiles.size(0) * 16, M = x.size(0), padded = M <= 2 ? M : M <= 4 ? 4 : 8;
+  const int64_t N = tiles.size(0) * 16, M = x.size(0), K = x.size(1);
   check_rows(x, "x");
-  TORCH_CHECK(M >= 1 && M <= 8, "x must have 1 to 8 rows, got ", M);
-  TORCH_CHECK(x.size(1) == w.G * 32, "x has ", x.size(1), " columns but the weight ", w.G * 32);
+  TORCH_CHECK(M >= 1, "x must have at least one row");
+  TORCH_CHECK(K == w.G * 32, "x has ", K, " columns but the weight ", w.G * 32);
   auto y = torch::empty({M, N}, x.options());
   DISPATCH(x.scalar_type(), "tiled_linear", [&] {
-    const Q8Rows xq = quantize_rows(x.data_ptr<scalar_t>(), M, x.size(1), padded);
-    auto f = bits == 4 ? (padded == 1 ? tiled_rows<scalar_t, 1, 4> : padded == 2 ? tiled_rows<scalar_t, 2, 4> :
-                          padded == 4 ? tiled_rows<scalar_t, 4, 4> : tiled_rows<scalar_t, 8, 4>)
-                       : (padded == 1 ? tiled_rows<scalar_t, 1, 8> : padded == 2 ? tiled_rows<scalar_t, 2, 8> :
-                          padded == 4 ? tiled_rows<scalar_t, 4, 8> : tiled_rows<scalar_t, 8, 8>);
-    f(xq, w, y.data_ptr<scalar_t>(), N, M);
+    for (int64_t r = 0; r < M; r += 8) {                          // 8 rows at a time; the tiles stay in cache
+      const int64_t rows = std::min<int64_t>(M - r, 8), padded = rows <= 2 ? rows : rows <= 4 ? 4 : 8;
+      const Q8Rows xq = quantize_rows(x.data_ptr<scalar_t>() + r * K, rows, K, padded);
+      auto f = bits == 4 ? (padded == 1 ? tiled_rows<scalar_t, 1, 4> : padded == 2 ? tiled_rows<scalar_t, 2, 4> :
+                            padded == 4 ? tiled_rows<scalar_t, 4, 4> : tiled_rows<scalar_t, 8, 4>)
+                         : (padded == 1 ? tiled_rows<scalar_t, 1, 8> : padded == 2 ? tiled_rows<scalar_t, 2, 8> :
+                            padded == 4 ? tiled_rows<scalar_t, 4, 8> : tiled_rows<scalar_t, 8, 8>);
+      f(xq, w, y.data_ptr<scalar_t>() + r * N, N, rows);
+    }
   });
   return y;
 }
@@ -491,7 +495,7 @@ torch::Tensor tiled_dequantize_out(torch::Tensor tiles, torch::Tensor dm, int64_
 """
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 57
+# notebooks/11_weight_only_quantization.ipynb, cell 58
 def tile(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """codes (N, G, B) uint8, B = 16 (Q4_1's nibbles) or 32 (8-bit codes), d and m (N, G) float16 -> the tiles
     (N/16, G, B/4, 16, 4) and dm (N/16, G, 2, 16): the same bytes, 16 columns side by side."""
@@ -501,38 +505,39 @@ def tile(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.T
     return tiles, dm
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 58
+# notebooks/11_weight_only_quantization.ipynb, cell 59
 @functools.cache
 def has_bf16_dot() -> bool:
     """Whether the kernels were built for a CPU with AVX512-BF16 (the compiler targets the machine it runs on)."""
     return extension().has_bf16_dot()
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 58
+# notebooks/11_weight_only_quantization.ipynb, cell 59
 def int8_linear_cpp(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """x (rows <= 4, K) @ W^T for W in Q8_0 groups: qs (N, K/32, 32) int8, d (N, K/32) float16."""
     return extension().int8_linear(x.contiguous(), qs, d)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 58
+# notebooks/11_weight_only_quantization.ipynb, cell 59
 def int8_dequantize_cpp(qs: torch.Tensor, d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """W (N, K) in dtype, one pass over the Q8_0 groups."""
     return extension().int8_dequantize_out(qs, d, dtype)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 58
+# notebooks/11_weight_only_quantization.ipynb, cell 59
 def tiled_linear_cpp(x: torch.Tensor, tiles: torch.Tensor, dm: torch.Tensor, bits: int) -> torch.Tensor:
-    """x (rows <= 8, K) @ W^T for W in tiles of 4- or 8-bit codes: x rounded to 8-bit groups, integer dots."""
+    """x (rows, K) @ W^T for W in tiles of 4- or 8-bit codes: x rounded to 8-bit groups, integer dots, 8 rows at a
+    time."""
     return extension().tiled_linear(x.contiguous(), tiles, dm, bits)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 58
+# notebooks/11_weight_only_quantization.ipynb, cell 59
 def tiled_dequantize_cpp(tiles: torch.Tensor, dm: torch.Tensor, bits: int, dtype: torch.dtype) -> torch.Tensor:
     """W (N, K) in dtype, from its tiles."""
     return extension().tiled_dequantize_out(tiles, dm, bits, dtype)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 59
+# notebooks/11_weight_only_quantization.ipynb, cell 60
 @functools.cache
 def bf16_row_choice() -> Choice:
     """The loop for one bfloat16 row, measured once per process on a (2048, 1536) 4-bit weight: the portable loop
@@ -548,3 +553,17 @@ def bf16_row_choice() -> Choice:
     if has_bf16_dot():
         loops["avx512-bf16"] = lambda: extension().int4_linear_bf16(x, qs, d, m)
     return choose("int4 loop, one bfloat16 row", loops)
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 61
+@functools.cache
+def many_rows_choice() -> Choice:
+    """For 9 to DECODE_ROWS bfloat16 rows on a tiled 4-bit weight, measured once at 64 rows: expand the tiles for
+    PyTorch's matmul (the default), or the int8-dot loop, 8 rows at a time."""
+    gen = torch.Generator().manual_seed(0)
+    qs = torch.randint(0, 256, (2048, 48, 16), dtype=torch.uint8, generator=gen)     # (N, K/32, 16)
+    tiles, dm = tile(qs, *torch.rand(2, 2048, 48, generator=gen).half())
+    x = torch.randn(64, 1536, generator=gen).bfloat16()
+    return choose("int4 tiles, 64 bfloat16 rows", {
+        "expand": lambda: F.linear(x, extension().tiled_dequantize_out(tiles, dm, 4, x.dtype)),
+        "int8-dot": lambda: extension().tiled_linear(x, tiles, dm, 4)})
