@@ -118,32 +118,51 @@ QUANTIZATION_ROWS = [("bfloat16", None, "bfloat16", "bfloat16"),
 
 
 def quantization_medians(d: dict) -> dict:
-    """(quantization, dtype) -> medians over the rounds: MB read, floor ms, TPOT at batch 1, tokens/s at 64."""
+    """(quantization, dtype) -> medians over the rounds: MB read, floors (copy, and read where measured), TPOT at
+    batch 1, tokens/s at 64; and ("llama.cpp", type) -> llama.cpp's batch-1 TPOT, where the run measured it."""
     runs: dict[tuple, list[dict]] = {}
     for run in d["runs"]:
         for model in run["models"]:
             by_batch = {r["batch_size"]: r for r in model["results"]}
             runs.setdefault((model["quantization"], model["dtype"]), []).append(
                 {"mb": model["weight_bytes"] / 1e6, "floor": model["weight_floor_ms"],
+                 "read_floor": model.get("weight_read_floor_ms"),
                  "tpot": by_batch[1]["tpot_ms"], "tps": by_batch[64]["throughput_tok_s"]})
-    return {k: {f: statistics.median(r[f] for r in v) for f in v[0]} | {"rounds": len(v)} for k, v in runs.items()}
+    for rnd in d.get("llama_cpp", []):
+        for name, r in rnd.items():
+            runs.setdefault(("llama.cpp", name), []).append({"tpot": r["tpot_ms"]})
+    median = lambda v: statistics.median(v) if None not in v else None  # noqa: E731
+    return {k: {f: median([r[f] for r in v]) for f in v[0]} | {"rounds": len(v)} for k, v in runs.items()}
+
+
+LLAMA_CPP_ROWS = [("llama.cpp: the GGUF as shipped (Q4_1, Q8_0 head)", "Q4_1"), ("llama.cpp: the GGUF in BF16", "BF16")]
 
 
 def render_quantization(ms: list[Machine]) -> str:
     found = [(m, quantization_medians(d)) for m, d in with_data(ms, "quantization")]
+    ratio = lambda a, b: "–" if a is None or b is None else f"{a / b:.2f}x"  # noqa: E731
     rows = []
     for weights, quant, dtype, base in QUANTIZATION_ROWS:
         row = [weights, dtype]
         for _, med in found:
             x, ref = med[(quant, dtype)], med[(None, "bfloat16")]
-            row += [f"{x['mb']:.1f}", f"{x['tpot']:.2f} ms", f"{x['tpot'] / x['floor']:.2f}x",
-                    f"{ref['tpot'] / x['tpot']:.2f}x", f"{x['tps']:.1f}", f"{x['tps'] / ref['tps']:.2f}x"]
+            row += [f"{x['mb']:.1f}", f"{x['tpot']:.2f} ms", ratio(x["tpot"], x["floor"]),
+                    ratio(x["tpot"], x["read_floor"]), f"{ref['tpot'] / x['tpot']:.2f}x", f"{x['tps']:.1f}",
+                    f"{x['tps'] / ref['tps']:.2f}x"]
         rows.append(row)
+    for label, name in LLAMA_CPP_ROWS:
+        if any(("llama.cpp", name) in med for _, med in found):
+            row = [label, "its own"]
+            for _, med in found:
+                x, ref = med.get(("llama.cpp", name)), med[(None, "bfloat16")]
+                row += ["–", f"{x['tpot']:.2f} ms" if x else "–", "–", "–",
+                        f"{ref['tpot'] / x['tpot']:.2f}x" if x else "–", "–", "–"]
+            rows.append(row)
     rounds = sorted({x["rounds"] for _, med in found for x in med.values()})
     header = ["weights", "activations"] + per_machine(found, [
-        "MB read per step", "TPOT, batch 1", "TPOT / its floor", "batch 1: bfloat16's TPOT / this",
-        "tokens/s, batch 64", "batch 64: this / bfloat16"])
-    return table(header, rows, 2) + f"\nMedians of {' or '.join(map(str, rounds))} rounds over the six models.\n"
+        "MB read per step", "TPOT, batch 1", "TPOT / copy floor", "TPOT / read floor",
+        "batch 1: bfloat16's TPOT / this", "tokens/s, batch 64", "batch 64: this / bfloat16"])
+    return table(header, rows, 2) + f"\nMedians of {' or '.join(map(str, rounds))} rounds.\n"
 
 
 def render_speculative(ms: list[Machine]) -> str:
