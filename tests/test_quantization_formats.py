@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from conftest import hf_greedy
 from rosellm_edu import LLM, SamplingParams
-from rosellm_edu.layers.quantization import dequantize_int4, quantize_int4
+from rosellm_edu.layers.quantization import dequantize_int4, quantize_int4, quantize_int8, quantize_q8_0
 from rosellm_edu.layers.quantization_formats import (FORMATS, decoder_linears, dequantize_q4_0, fake_quantize_model,
                                                      model_bits_per_weight, quantize_asymmetric, quantize_q4_0)
 
@@ -91,12 +91,18 @@ def test_a_row_that_is_not_a_multiple_of_the_group_ends_in_a_shorter_group(name)
     assert torch.equal(fmt.fake_quantize(w), expected)
 
 
+QUANTIZERS = {"Q8_0": lambda w, g: quantize_q8_0(w), "int8 / row": lambda w, g: quantize_int8(w),
+              "Q4_1 / 32": quantize_int4, "Q4_1 / 64": quantize_int4, "Q4_1 / 128": quantize_int4,
+              "Q4_0": quantize_q4_0, "3-bit / 32": lambda w, g: quantize_asymmetric(w, 3, g)}
+
+
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_bits_per_weight_counts_what_the_quantizer_stores(name):
-    fmt, K, N = FORMATS[name], 576, 4
-    groups = math.ceil(K / (fmt.group or K))
-    per_group = {"int8 / row": 32, "Q8_0": 16, "Q4_0": 16}.get(name, 2 * 16)    # float32 scale; f16 d; f16 d and m
-    stored = N * K * fmt.bits + N * groups * per_group
+    fmt, (N, K) = FORMATS[name], (4, 576)
+    group = fmt.group or K
+    padded = torch.nn.functional.pad(weight((N, K), 2), (0, -K % group), mode="replicate")
+    codes, *scales = QUANTIZERS[name](padded, group)
+    stored = N * K * fmt.bits + sum(8 * t.numel() * t.element_size() for t in scales)     # the scales as stored
     assert fmt.bits_per_weight(K) * N * K == pytest.approx(stored)
 
 
