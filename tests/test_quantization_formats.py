@@ -18,7 +18,7 @@ from conftest import hf_greedy
 from rosellm_edu import LLM, SamplingParams
 from rosellm_edu.layers.quantization import dequantize_int4, quantize_int4, quantize_int8, quantize_q8_0
 from rosellm_edu.layers.quantization_formats import (FORMATS, decoder_linears, dequantize_q4_0, fake_quantize_model,
-                                                     model_bits_per_weight, quantize_asymmetric, quantize_q4_0)
+                                                     model_bits_per_weight, quantize_q4_0)
 
 shapes = st.tuples(st.sampled_from([4, 16, 48]), st.sampled_from([32, 64, 96]))
 
@@ -59,17 +59,10 @@ def test_q4_0_of_a_zero_group_is_zero():
     assert torch.equal(dequantize_q4_0(q, d), torch.zeros(2, 32))
 
 
-@given(shapes, st.integers(0, 2**16), st.sampled_from([16, 32]))
-def test_asymmetric_at_4_bits_is_chapter_11s_quantize_int4(shape, seed, group):
-    w = weight(shape, seed)
-    for ours, theirs in zip(quantize_asymmetric(w, 4, group), quantize_int4(w, group)):
-        assert torch.equal(ours, theirs)
-
-
 @given(shapes, st.integers(0, 2**16), st.sampled_from([2, 3, 5, 8]), st.sampled_from([16, 32]))
-def test_asymmetric_codes_fit_their_bits_and_are_within_half_a_step(shape, seed, bits, group):
+def test_fewer_or_more_bits_fit_their_codes_and_stay_within_half_a_step(shape, seed, bits, group):
     w = weight(shape, seed)
-    q, d, m = quantize_asymmetric(w, bits, group)
+    q, d, m = quantize_int4(w, group, bits)
     assert q.max() <= 2**bits - 1 and d.dtype == m.dtype == torch.float16
     lo, hi = w.view(shape[0], -1, group).amin(-1), w.view(shape[0], -1, group).amax(-1)
     assert torch.equal(d, ((hi - lo) / (2**bits - 1)).half()) and torch.equal(m, lo.half())
@@ -93,7 +86,7 @@ def test_a_row_that_is_not_a_multiple_of_the_group_ends_in_a_shorter_group(name)
 
 QUANTIZERS = {"Q8_0": lambda w, g: quantize_q8_0(w), "int8 / row": lambda w, g: quantize_int8(w),
               "Q4_1 / 32": quantize_int4, "Q4_1 / 64": quantize_int4, "Q4_1 / 128": quantize_int4,
-              "Q4_0": quantize_q4_0, "3-bit / 32": lambda w, g: quantize_asymmetric(w, 3, g)}
+              "Q4_0": quantize_q4_0, "3-bit / 32": lambda w, g: quantize_int4(w, g, bits=3)}
 
 
 @pytest.mark.parametrize("name", list(FORMATS))

@@ -25,18 +25,19 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 # notebooks/11_weight_only_quantization.ipynb, cell 8
-def quantize_int4(w: torch.Tensor, group: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_int4(w: torch.Tensor, group: int = 32, bits: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Asymmetric, in groups of `group` inputs: w[n, group*g + j] ~ q * d[n, g] + m[n, g], q in 0..15.
     The scale d and the minimum m are float16, as GGUF's Q4_1 stores them; q is computed against the rounded
-    ones, so the grid q * d + m is the one the model will run with. Returns q (N, K) uint8, d and m (N, K/group)."""
+    ones, so the grid q * d + m is the one the model will run with. Returns q (N, K) uint8, d and m (N, K/group).
+    `bits` (up to 8) sets the levels, 2**bits: appendix 11a's 3-bit row."""
     N, K = w.shape
     if K % group:
         raise ValueError(f"in_features={K} is not a multiple of the group size {group}")
     wg = w.float().view(N, K // group, group)                                   # (N, groups, group)
     lo, hi = wg.amin(dim=-1), wg.amax(dim=-1)                                   # (N, groups)
-    d, m = ((hi - lo) / 15).half(), lo.half()
+    d, m = ((hi - lo) / (2**bits - 1)).half(), lo.half()
     step = d.float().clamp_min(1e-12).unsqueeze(-1)
-    q = torch.round((wg - m.float().unsqueeze(-1)) / step).clamp(0, 15).to(torch.uint8)
+    q = torch.round((wg - m.float().unsqueeze(-1)) / step).clamp(0, 2**bits - 1).to(torch.uint8)
     return q.view(N, K), d, m
 
 

@@ -37,24 +37,7 @@ def dequantize_q4_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     return (q.float().view(N, d.shape[1], -1) * d.float().unsqueeze(-1)).view(N, K)
 
 
-# notebooks/11a_quantization_error.ipynb, cell 8
-def quantize_asymmetric(w: torch.Tensor, bits: int, group: int = 32) -> tuple[torch.Tensor, torch.Tensor,
-                                                                               torch.Tensor]:
-    """quantize_int4's scheme with 2**bits levels: w ~ q * d + m per group, q in 0..2**bits - 1, d and m float16,
-    q computed against the rounded ones. Returns q (N, K) uint8, d and m (N, K/group); dequantize_int4 expands it."""
-    N, K = w.shape
-    if K % group:
-        raise ValueError(f"in_features={K} is not a multiple of the group size {group}")
-    top = 2**bits - 1
-    wg = w.float().view(N, K // group, group)                                   # (N, groups, group)
-    lo, hi = wg.amin(dim=-1), wg.amax(dim=-1)                                   # (N, groups)
-    d, m = ((hi - lo) / top).half(), lo.half()
-    step = d.float().clamp_min(1e-12).unsqueeze(-1)
-    q = torch.round((wg - m.float().unsqueeze(-1)) / step).clamp(0, top).to(torch.uint8)
-    return q.view(N, K), d, m
-
-
-# notebooks/11a_quantization_error.ipynb, cell 10
+# notebooks/11a_quantization_error.ipynb, cell 9
 @dataclass(frozen=True)
 class Format:
     """A weight format as appendix 11a measures it: its round trip and what it stores."""
@@ -76,26 +59,26 @@ class Format:
         return self.bits + self.scale_bits * math.ceil(in_features / group) / in_features
 
 
-# notebooks/11a_quantization_error.ipynb, cell 10
+# notebooks/11a_quantization_error.ipynb, cell 9
 Q4_1 = Format(4, 32, 32, lambda w, g: dequantize_int4(*quantize_int4(w, g)))
 
 
-# notebooks/11a_quantization_error.ipynb, cell 10
+# notebooks/11a_quantization_error.ipynb, cell 9
 FORMATS = {
     "Q8_0": Format(8, 32, 16, lambda w, g: dequantize_q8_0(*quantize_q8_0(w))),
     "int8 / row": Format(8, None, 32, lambda w, g: dequantize_int8(*quantize_int8(w))),
     "Q4_1 / 32": Q4_1, "Q4_1 / 64": replace(Q4_1, group=64), "Q4_1 / 128": replace(Q4_1, group=128),
     "Q4_0": Format(4, 32, 16, lambda w, g: dequantize_q4_0(*quantize_q4_0(w, g))),
-    "3-bit / 32": Format(3, 32, 32, lambda w, g: dequantize_int4(*quantize_asymmetric(w, 3, g))),
+    "3-bit / 32": Format(3, 32, 32, lambda w, g: dequantize_int4(*quantize_int4(w, g, bits=3))),
 }
 
 
-# notebooks/11a_quantization_error.ipynb, cell 12
+# notebooks/11a_quantization_error.ipynb, cell 11
 def decoder_linears(model: nn.Module) -> list[nn.Linear]:
     return [mod for mod in model.model.layers.modules() if isinstance(mod, nn.Linear)]
 
 
-# notebooks/11a_quantization_error.ipynb, cell 12
+# notebooks/11a_quantization_error.ipynb, cell 11
 def fake_quantize_model(model: nn.Module, fmt: Format) -> nn.Module:
     """A copy of a Llama-shaped model whose decoder Linears hold fmt's round trip of their weights."""
     fake = copy.deepcopy(model)
@@ -104,7 +87,7 @@ def fake_quantize_model(model: nn.Module, fmt: Format) -> nn.Module:
     return fake
 
 
-# notebooks/11a_quantization_error.ipynb, cell 12
+# notebooks/11a_quantization_error.ipynb, cell 11
 def model_bits_per_weight(model: nn.Module, fmt: Format) -> float:
     """fmt's bits per weight over the decoder Linears, each weighted by its size."""
     sizes = [(lin.weight.numel(), fmt.bits_per_weight(lin.in_features)) for lin in decoder_linears(model)]
