@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from rosellm_edu import model_loader
-from rosellm_edu.benchmarks.machine import DATA_DIR, machine_key
+from rosellm_edu.benchmarks.machine import record_dir
 
 MODELS = [("bfloat16", None), ("bfloat16", "int8"), ("bfloat16", "int4"), ("bfloat16", "gguf"), ("float32", None),
           ("float32", "int4")]                           # (activations, quantization): README's six rows
@@ -51,8 +51,9 @@ def main(argv=None) -> dict:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-llama-cpp", action="store_true")
-    parser.add_argument("--out", default=str(DATA_DIR / machine_key() / "quantization.json"))
+    parser.add_argument("--out", default=None, help="default: notebooks/data/<this machine>/quantization.json")
     args = parser.parse_args(argv)
+    out_file = Path(args.out) if args.out else record_dir() / "quantization.json"   # record_dir writes machine.json
     ggufs, bin_dir = {}, None
     if not args.no_llama_cpp:
         from rosellm_edu.benchmarks.llama_cpp import build_llama_cpp, convert
@@ -71,9 +72,9 @@ def main(argv=None) -> dict:
                 report["runs"].append(json.loads(out.read_text()))
             if ggufs:
                 report["llama_cpp"].append(llama_cpp_batch_1(ggufs, bin_dir, torch.get_num_threads()))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print("wrote", args.out)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_text(json.dumps(report, indent=2) + "\n")
+    print("wrote", out_file)
     return report
 
 
