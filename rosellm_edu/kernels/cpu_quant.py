@@ -443,7 +443,7 @@ struct TiledGroups : Tiles {
   float scale(int64_t i) const { return dm[at(i) * 32 + i / G % 16]; }
   float min(int64_t i) const { return dm[at(i) * 32 + 16 + i / G % 16]; }
   void load(int64_t i, v16& lo, v16& hi) const {
-    uint8_t b[32];                                                // the column's codes, in the file's order
+    uint8_t b[32] = {};                                           // the column's codes, in the file's order
     for (int c = 0; c < BITS; ++c) std::memcpy(b + 4 * c, codes + at(i) * 64 * BITS + 64 * c + i / G % 16 * 4, 4);
     u8x16 q[2];
     std::memcpy(q, b, 32);
