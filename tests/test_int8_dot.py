@@ -89,17 +89,27 @@ def test_only_bfloat16_models_are_tiled_and_only_where_the_loop_won(monkeypatch)
     def model():
         m = nn.Sequential(*(layer for layer, _ in layers((32, 64), 1)))
         return m
-    monkeypatch.setattr(cpu_quant, "bf16_row_choice", lambda: timing.Choice("int8-dot", {}))
+    monkeypatch.setattr(cpu_quant, "bf16_row_choice", lambda bits=4: timing.Choice("int8-dot", {}))
     assert all(getattr(l, "tiles", None) is not None for l in tile_for_rows(model(), torch.bfloat16))
     assert all(getattr(l, "tiles", None) is None for l in tile_for_rows(model(), torch.float32))
-    monkeypatch.setattr(cpu_quant, "bf16_row_choice", lambda: timing.Choice("portable", {}))
+    monkeypatch.setattr(cpu_quant, "bf16_row_choice", lambda bits=4: timing.Choice("portable", {}))
     assert all(getattr(l, "tiles", None) is None for l in tile_for_rows(model(), torch.bfloat16))
+
+
+def test_each_width_of_code_is_tiled_by_its_own_race(monkeypatch):
+    """A 4-bit race won by another loop leaves the 4-bit layers alone but still tiles the 8-bit ones (an LM head
+    in Q8_0) where the int8-dot loop won theirs."""
+    monkeypatch.setattr(cpu_quant, "bf16_row_choice",
+                        lambda bits=4: timing.Choice("int8-dot" if bits == 8 else "avx512-bf16", {}))
+    tiled = {type(l): getattr(l, "tiles", None) is not None
+             for l in tile_for_rows(nn.Sequential(*(l for l, _ in layers((32, 64), 2))), torch.bfloat16)}
+    assert tiled == {Int4Linear: False, Int8GroupLinear: True}
 
 
 def test_engine_with_tiled_layers_decodes_as_it_prefills(monkeypatch):
     """The decode steps (1 to 8 rows: the int8-dot loop) and a prefill of the same tokens (more rows: the tiles
     expanded) pick the same greedy tokens: teacher-forced on the engine's own output."""
-    monkeypatch.setattr(cpu_quant, "bf16_row_choice", lambda: timing.Choice("int8-dot", {}))
+    monkeypatch.setattr(cpu_quant, "bf16_row_choice", lambda bits=4: timing.Choice("int8-dot", {}))
     llm = LLM(quantization="gguf", dtype="bfloat16", num_kv_blocks=64)
     model = llm.llm_engine.model
     assert getattr(model.model.layers[0].mlp.down_proj, "tiles", None) is not None

@@ -266,9 +266,10 @@ def test_head_choice_is_measured_once_per_dtype_and_names_a_candidate():
     choice = head_choice(head, q8)
     assert choice.name in ("float32", "Q8_0") and set(choice.seconds) == {"float32", "Q8_0"}
     assert head_choice(head, q8) is choice and faster_head(head, q8) in (head, q8)
-    loop = cpu_quant.bf16_row_choice()
+    loop = cpu_quant.bf16_row_choice(4)
     assert loop.name in loop.seconds and {"portable", "int8-dot"} <= set(loop.seconds) <= {"portable", "int8-dot",
                                                                                         "avx512-bf16"}
+    assert set(cpu_quant.bf16_row_choice(8).seconds) == {"portable", "int8-dot"}   # no bfloat16 loop for 8 bits
 
 
 @pytest.mark.parametrize("loop", ["portable", "int8-dot"])
@@ -279,7 +280,7 @@ def test_bfloat16_activations_stay_close_to_float32(method, loop, our_model, tok
     here instead. The int8-dot loop rounds the activations to 8 bits as well, and stays within the same bounds."""
     from rosellm_edu.benchmarks.quality import TEXT, compare, logits
 
-    monkeypatch.setattr(cpu_quant, "bf16_row_choice", lambda: timing.Choice(loop, {}))
+    monkeypatch.setattr(cpu_quant, "bf16_row_choice", lambda bits=4: timing.Choice(loop, {}))
     ids = tokenizer(TEXT).input_ids
     model = model_loader.load_model(model_loader.resolve_model(), torch.bfloat16, quantization=method)
     scores = compare(logits(our_model, ids), logits(model, ids), ids)

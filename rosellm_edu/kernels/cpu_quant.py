@@ -538,21 +538,27 @@ def tiled_dequantize_cpp(tiles: torch.Tensor, dm: torch.Tensor, bits: int, dtype
 
 
 # notebooks/11_weight_only_quantization.ipynb, cell 60
+CHOICE_BYTES = 64 * 2**20    # codes a loop is raced over: more than a last-level cache holds, as a model's weights
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 60
 @functools.cache
-def bf16_row_choice() -> Choice:
-    """The loop for one bfloat16 row, measured once per process on a (2048, 1536) 4-bit weight: the portable loop
-    (the default), the int8-dot loop on the weight in tiles and, where the kernels were built with AVX512-BF16, the
-    bfloat16 dot-product loop."""
+def bf16_row_choice(bits: int = 4) -> Choice:
+    """The loop for one bfloat16 row on `bits`-bit codes (4: Q4_1's, 8: Q8_0's), measured once per process on a
+    weight of CHOICE_BYTES, read from memory as a model's are: the portable loop (the default), the int8-dot loop
+    on the weight in tiles and, for 4 bits where the kernels were built with AVX512-BF16, the bfloat16 dot loop."""
     gen = torch.Generator().manual_seed(0)
-    qs = torch.randint(0, 256, (2048, 48, 16), dtype=torch.uint8, generator=gen)     # (N, K/32, 16)
-    d, m = torch.rand(2, 2048, 48, generator=gen).half()                             # (N, K/32) each
-    x = torch.randn(1, 1536, generator=gen).bfloat16()
-    tiles, dm = tile(qs, d, m)
-    loops = {"portable": lambda: extension().int4_linear(x, qs, d, m),
-             "int8-dot": lambda: extension().tiled_linear(x, tiles, dm, 4)}
-    if has_bf16_dot():
-        loops["avx512-bf16"] = lambda: extension().int4_linear_bf16(x, qs, d, m)
-    return choose("int4 loop, one bfloat16 row", loops)
+    n = CHOICE_BYTES // (2048 * bits // 8)                                           # a (n, 2048) weight
+    codes = torch.randint(0, 256, (n, 64, 4 * bits), dtype=torch.uint8, generator=gen)   # (N, K/32, 16 or 32)
+    d, m = torch.rand(2, n, 64, generator=gen).half()                                # (N, K/32) each
+    x = torch.randn(1, 2048, generator=gen).bfloat16()
+    tiles, dm = tile(codes, d, m)
+    loops = {"portable": (lambda: extension().int4_linear(x, codes, d, m)) if bits == 4 else
+                         (lambda: extension().int8_linear(x, codes.view(torch.int8), d)),
+             "int8-dot": lambda: extension().tiled_linear(x, tiles, dm, bits)}
+    if bits == 4 and has_bf16_dot():
+        loops["avx512-bf16"] = lambda: extension().int4_linear_bf16(x, codes, d, m)
+    return choose(f"{bits}-bit loop, one bfloat16 row", loops)
 
 
 # notebooks/11_weight_only_quantization.ipynb, cell 61

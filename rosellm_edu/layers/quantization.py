@@ -220,13 +220,15 @@ TILED_ROWS = 8                # up to this many rows, a tiled layer runs the int
 
 # notebooks/11_weight_only_quantization.ipynb, cell 64
 def tile_for_rows(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """Tile every 4-bit and 8-bit layer of `model` where bf16_row_choice measured the int8-dot loop fastest, for
-    bfloat16 activations on a CPU. float32 keeps the exact loops, so its outputs stay the float32 model's."""
-    if dtype == torch.bfloat16 and cpu_quant.extension() is not None and cpu_quant.bf16_row_choice().name == "int8-dot":
-        for layer in model.modules():
-            if (isinstance(layer, (Int4Linear, Int8GroupLinear)) and getattr(layer, "tiles", None) is None
-                    and layer.qs.device.type == "cpu" and layer.out_features % 16 == 0):
-                layer.tile_()
+    """Tile each 4-bit and 8-bit layer of `model` where bf16_row_choice measured the int8-dot loop fastest for its
+    codes, for bfloat16 activations on a CPU. float32 keeps the exact loops, so its outputs stay the float32 model's."""
+    if dtype != torch.bfloat16 or cpu_quant.extension() is None:
+        return model
+    for layer in model.modules():
+        bits = 4 if isinstance(layer, Int4Linear) else 8 if isinstance(layer, Int8GroupLinear) else 0
+        if (bits and getattr(layer, "tiles", None) is None and layer.qs.device.type == "cpu"
+                and layer.out_features % 16 == 0 and cpu_quant.bf16_row_choice(bits).name == "int8-dot"):
+            layer.tile_()
     return model
 
 
