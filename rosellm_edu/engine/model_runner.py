@@ -1,4 +1,4 @@
-# Generated from notebooks/05_cuda_graphs.ipynb, notebooks/06a_logprobs.ipynb, notebooks/08_where_the_time_goes.ipynb, notebooks/12_speculative_decoding.ipynb by `python -m rosellm_edu.book.export`.
+# Generated from notebooks/05_cuda_graphs.ipynb, notebooks/06a_logprobs.ipynb, notebooks/08_where_the_time_goes.ipynb, notebooks/11b_native_decode.ipynb, notebooks/12_speculative_decoding.ipynb by `python -m rosellm_edu.book.export`.
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
@@ -8,9 +8,11 @@ import torch
 
 from rosellm_edu.engine.block_manager import BlockTable
 from rosellm_edu.engine.kv_cache import KVCache
+from rosellm_edu.engine.native_decode import NativeDecode
 from rosellm_edu.engine.scheduler import ScheduledSeq
 from rosellm_edu.layers.logits_processors import on_device
 from rosellm_edu.layers.paged_attention import PagedAttention, SeqGroup, decode_kernel, padded_tables
+from rosellm_edu.timing import choose
 
 
 # notebooks/05_cuda_graphs.ipynb, cell 20
@@ -132,11 +134,13 @@ class ModelRunner:
             self.block_tables[:rows, :width].copy_(stage["block_tables"][:rows, :width], non_blocking=True)
         return width
 
-    # notebooks/05_cuda_graphs.ipynb, cell 30
+    # notebooks/11b_native_decode.ipynb, cell 26
     def run_decode(self, rows: int, width: int) -> torch.Tensor:
-        """The model over the first `rows` rows of the buffers; logits (rows, vocab)."""
-        hidden = self.model(self.input_ids[:rows], self.positions[:rows], self.decode_attention(rows, width))
-        return self.model.compute_logits(hidden)
+        """The model over the first `rows` rows of the buffers; logits (rows, vocab). On a CPU, through
+        native_decode's choice."""
+        ids, positions, ctx = self.input_ids[:rows], self.positions[:rows], self.decode_attention(rows, width)
+        forward = self.native_decode(ids, positions, ctx) or self.model
+        return self.model.compute_logits(forward(ids, positions, ctx))
 
     # notebooks/05_cuda_graphs.ipynb, cell 30
     def decode_attention(self, rows: int, width: int) -> PagedAttention:
@@ -165,6 +169,19 @@ class ModelRunner:
                     self.logits[:rows] = self.run_decode(rows, width)
                 self.graphs[rows] = graph
             torch.cuda.synchronize()
+
+    # notebooks/11b_native_decode.ipynb, cell 26
+    def native_decode(self, ids: torch.Tensor, positions: torch.Tensor, ctx: PagedAttention) -> NativeDecode | None:
+        """The NativeDecode a decode step of len(ids) rows runs through: where one can run it and it measured
+        faster than the model's modules at the first such step; else None (the modules)."""
+        if not hasattr(self, "native_plan"):                              # the model is loaded: built once
+            self.native_plan = NativeDecode.build(self.model, self.kv_cache)
+        plan = self.native_plan
+        if plan is None or len(ids) > plan.max_rows:
+            return None
+        choice = choose(f"decode step, {plan.shape}", {"modules": lambda: self.model(ids, positions, ctx),
+                                                       "native": lambda: plan(ids, positions, ctx)})
+        return plan if choice.name == "native" else None
 
 
 # notebooks/08_where_the_time_goes.ipynb, cell 43

@@ -1,0 +1,115 @@
+"""NativeDecode (appendix 11b): a decode step issued as two C++ calls a layer computes exactly what the model's
+modules compute (logits and the K/V it writes), refuses the models it cannot run, and the engine gives the same
+greedy tokens whichever way its runner chose."""
+
+import pytest
+import torch
+from torch import nn
+from transformers import LlamaConfig, Qwen3Config
+
+from rosellm_edu import LLM, SamplingParams, timing
+from rosellm_edu.engine import model_runner
+from rosellm_edu.engine.kv_cache import KVCache
+from rosellm_edu.engine.model_runner import ModelRunner
+from rosellm_edu.engine.native_decode import NativeDecode, native_linear
+from rosellm_edu.kernels import cpu_decode
+from rosellm_edu.layers.quantization import Int4Linear, Int8GroupLinear, quantize_model
+from rosellm_edu.models import model_class
+
+pytestmark = pytest.mark.skipif(cpu_decode.extension() is None, reason="no C++ compiler for the kernels")
+
+ROWS = {torch.float32: 4, torch.bfloat16: 4, "int4": 8}
+
+
+def tiny_model(kind, bias: bool = False) -> nn.Module:
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         attention_bias=bias, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if kind == "int4" else kind
+    model = model_class(config)(config).to(dtype).eval()
+    for p in model.parameters():
+        p.data.normal_(0, 0.1)
+    if kind == "int4":
+        quantize_model(model, "int4")
+        for layer in model.modules():
+            if isinstance(layer, (Int4Linear, Int8GroupLinear)) and getattr(layer, "tiles", None) is None:
+                layer.tile_()
+    model.model.fusion = "cpp"                     # the modules run the same kernels as the two calls
+    return model
+
+
+def runner_at(model, rows: int, gen) -> ModelRunner:
+    """A runner over random K/V whose first `rows` rows decode sequences of random lengths on shuffled blocks."""
+    cache = KVCache(model.config, 4 * ROWS["int4"], 4, next(model.parameters()).dtype)
+    cache.k.normal_(generator=gen), cache.v.normal_(generator=gen)
+    runner = ModelRunner(model, cache, ROWS["int4"], 256)
+    blocks = torch.randperm(cache.num_blocks, generator=gen).view(ROWS["int4"], -1).int()    # (rows, 4)
+    lengths = torch.randint(1, 15, (ROWS["int4"],), generator=gen)
+    runner.block_tables[:, :4] = blocks
+    runner.positions[:] = lengths
+    runner.input_ids[:] = torch.randint(256, (ROWS["int4"],), generator=gen)
+    runner.slot_mapping[:] = blocks[torch.arange(ROWS["int4"]), lengths // 4].long() * 4 + lengths % 4
+    runner.context_lens[:] = (lengths + 1).int()
+    return runner
+
+
+@pytest.mark.parametrize("kind", [torch.float32, torch.bfloat16, "int4"])
+def test_the_native_step_computes_what_the_modules_compute(kind):
+    model, gen = tiny_model(kind), torch.Generator().manual_seed(1)
+    for rows in range(1, ROWS[kind] + 1):
+        runner = runner_at(model, rows, gen)
+        native = NativeDecode.build(model, runner.kv_cache)
+        assert native is not None and native.max_rows == ROWS[kind]
+        ids, positions = runner.input_ids[:rows], runner.positions[:rows]
+        ctx = runner.decode_attention(rows, 4)
+        with torch.no_grad():
+            expected = model(ids, positions, ctx)
+            k, v = runner.kv_cache.k.clone(), runner.kv_cache.v.clone()
+            slots = runner.slot_mapping[:rows]
+            runner.kv_cache.k[:, slots], runner.kv_cache.v[:, slots] = 0, 0     # written again, or the test fails
+            got = native(ids, positions, ctx)
+        assert torch.equal(got, expected)
+        assert torch.equal(runner.kv_cache.k, k) and torch.equal(runner.kv_cache.v, v)
+
+
+def test_models_the_calls_cannot_run_are_refused():
+    cache = lambda m: KVCache(m.config, 4, 4, next(m.parameters()).dtype)
+    assert NativeDecode.build(tiny_model(torch.float32, bias=True), cache(tiny_model(torch.float32))) is None
+    untiled = tiny_model(torch.float32)
+    quantize_model(untiled, "int4")                                       # float32: never tiled
+    assert NativeDecode.build(untiled, cache(untiled)) is None
+    assert native_linear(nn.Linear(64, 24, bias=False)) is None           # 24 outputs: not whole tiles of 16
+    for fusion in ("torch", "compile"):                                   # the reader asked for PyTorch's ops
+        model = tiny_model(torch.float32)
+        model.model.fusion = fusion
+        assert NativeDecode.build(model, cache(model)) is None
+    qwen3 = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    other = model_class(qwen3)(qwen3)                                     # its attention has q/k norms
+    assert NativeDecode.build(other, cache(other)) is None
+
+
+def test_a_step_of_more_rows_than_the_calls_take_runs_the_modules(monkeypatch):
+    model = tiny_model(torch.float32)
+    monkeypatch.setattr(model_runner, "choose", lambda key, calls: timing.Choice("native", {}))
+    runner = runner_at(model, 8, torch.Generator().manual_seed(2))
+    ctx = lambda rows: runner.decode_attention(rows, 4)
+    assert runner.native_decode(runner.input_ids[:4], runner.positions[:4], ctx(4)) is runner.native_plan
+    assert runner.native_decode(runner.input_ids[:5], runner.positions[:5], ctx(5)) is None
+
+
+@pytest.mark.parametrize("quantization", [None, "gguf"])
+def test_the_engine_gives_the_same_greedy_tokens_either_way(quantization, monkeypatch):
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outputs = {}
+    for way in ("modules", "native"):
+        monkeypatch.setattr(model_runner, "choose", lambda key, calls, way=way: timing.Choice(way, {}))
+        llm = LLM(quantization=quantization, dtype="bfloat16", num_kv_blocks=64)
+        llm.llm_engine.model.model.fusion = "cpp"
+        outputs[way] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        tiled = all(getattr(l, "tiles", None) is not None for l in llm.llm_engine.model.modules()
+                    if isinstance(l, Int4Linear))                         # chapter 11's race, on this CPU
+        assert (llm.llm_engine.runner.native_plan is not None) == tiled   # bfloat16's dense Linears: always
+    assert outputs["native"] == outputs["modules"]
