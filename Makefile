@@ -47,6 +47,7 @@ model: $(STAMP)
 	$(PY) -c "from rosellm_edu.kernels import cpu_fused; cpu_fused.extension()"
 	$(PY) -c "from rosellm_edu.kernels import cpu_attention; cpu_attention.extension()"
 	$(PY) -c "from rosellm_edu.kernels import cpu_quant; cpu_quant.extension()"
+	$(PY) -c "from rosellm_edu.kernels import cpu_decode; cpu_decode.extension()"
 
 lab: setup
 	@echo "JupyterLab: open http://$(if $(filter 0.0.0.0,$(LAB_IP)),127.0.0.1,$(LAB_IP)):$(LAB_PORT)/lab?token=$(LAB_TOKEN)"
