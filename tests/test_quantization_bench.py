@@ -2,7 +2,7 @@
 measured it, llama.cpp's batch-1 rows where it ran."""
 
 from rosellm_edu.benchmarks.quantization import MODELS, decode_command
-from rosellm_edu.book.readme import quantization_medians
+from rosellm_edu.book.readme import batch_1_issued, quantization_medians
 
 
 def report(tpots: list[float], read_floor: bool, llama: list[float] | None) -> dict:
@@ -29,3 +29,14 @@ def test_each_model_runs_the_decode_benchmark_with_its_own_options(tmp_path):
         command = decode_command(dtype, quantization, tmp_path / "x.json")
         assert command[command.index("--dtype") + 1] == dtype
         assert ("--quantization" in command) == (quantization is not None)
+
+
+def test_how_batch_1_steps_were_issued_is_read_from_the_runs():
+    old = report([5.0], True, None)
+    assert batch_1_issued(old) == "modules (measured before appendix 11b)"
+    new = report([5.0], True, None)
+    for run in new["runs"]:
+        for model in run["models"]:
+            for r in model["results"]:
+                r["issued"] = "native" if model["quantization"] else "modules"
+    assert batch_1_issued(new) == "modules or native"

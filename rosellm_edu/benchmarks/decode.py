@@ -8,7 +8,9 @@ the speed of a step does not depend on them). A step is what the engine does for
 ModelRunner's decode (static buffers; a graph replay, or eager) and the greedy pick of the next tokens, whose
 transfer to the host waits for the GPU, so the time per step is the TPOT a request sees, scheduler aside.
 Models: "gpt2" (GPT-2 124M's shape, random weights) and "embedded" (SmolLM2-135M with its own weights).
-On a machine without CUDA there are no graphs to capture: only eager runs, and the output says so.
+On a machine without CUDA there are no graphs to capture: only eager runs, and the output says so. Each result
+says how its steps were issued ("issued": "graph", "native" where a CPU runner chose appendix 11b's two C++ calls a
+layer, or "modules").
 
 Beside the batch-1 TPOT it prints the weights-over-bandwidth floors (chapter 08): a decode step reads every weight
 once, so no step can be faster than weight_bytes / the memory bandwidth. Two bandwidths are measured: a copy's
@@ -37,6 +39,7 @@ from rosellm_edu.benchmarks.machine import device_name
 from rosellm_edu.models import model_class
 from rosellm_edu.sampling_params import SamplingParams
 from rosellm_edu.sequence import Sequence
+from rosellm_edu.timing import CHOICES
 
 DATA_FILE = Path(__file__).resolve().parents[2] / "notebooks" / "data" / "cuda_graph_decode.json"
 
@@ -92,6 +95,16 @@ def time_steps(runner: ModelRunner, seqs, tables, steps: int, warmup: int) -> li
     return times
 
 
+def issued(runner: ModelRunner, batch_size: int) -> str:
+    """How the runner issued its decode steps of batch_size rows: "graph" (CUDA), "native" (appendix 11b's two C++
+    calls a layer, where the runner measured them faster) or "modules" (the model's forward)."""
+    if runner.graphs:
+        return "graph"
+    plan = getattr(runner, "native_plan", None)
+    choice = CHOICES.get(plan.key) if plan is not None and batch_size <= plan.max_rows else None
+    return "native" if choice is not None and choice.name == "native" else "modules"
+
+
 def measure(model, batch_sizes: list[int], context: int, steps: int, warmup: int, block_size: int) -> list[dict]:
     """Eager and (on a GPU) graph decode of `model` at every batch size, on one KV pool."""
     param = next(model.parameters())
@@ -113,8 +126,10 @@ def measure(model, batch_sizes: list[int], context: int, steps: int, warmup: int
         for bs in batch_sizes:
             seqs, tables = decode_batch(bs, context, length, block_size, model.config.vocab_size, gen)
             tpot = statistics.median(time_steps(runner, seqs, tables, steps, warmup))
-            results.append({"mode": mode, "batch_size": bs, "tpot_ms": 1e3 * tpot, "throughput_tok_s": bs / tpot})
-            print(f"  {mode:>5} batch {bs:4d}: TPOT {1e3 * tpot:8.2f} ms, {bs / tpot:10.1f} tokens/s", flush=True)
+            results.append({"mode": mode, "batch_size": bs, "tpot_ms": 1e3 * tpot, "throughput_tok_s": bs / tpot,
+                            "issued": issued(runner, bs)})
+            print(f"  {mode:>5} batch {bs:4d}: TPOT {1e3 * tpot:8.2f} ms, {bs / tpot:10.1f} tokens/s "
+                  f"(steps issued by {issued(runner, bs)})", flush=True)
     return results
 
 

@@ -135,6 +135,14 @@ def quantization_medians(d: dict) -> dict:
     return {k: {f: median([r[f] for r in v]) for f in v[0]} | {"rounds": len(v)} for k, v in runs.items()}
 
 
+def batch_1_issued(d: dict) -> str:
+    """How a run's batch-1 steps were issued: by the model's modules, or natively (appendix 11b) where the runner
+    chose it. Runs from before the benchmark recorded it issued every step by the modules."""
+    ways = {r.get("issued") for run in d["runs"] for model in run["models"] for r in model["results"]
+            if r["batch_size"] == 1}
+    return "modules (measured before appendix 11b)" if None in ways else " or ".join(sorted(ways))
+
+
 LLAMA_CPP_ROWS = [("llama.cpp: the GGUF as shipped (Q4_1, Q8_0 head)", "Q4_1"), ("llama.cpp: the GGUF in BF16", "BF16")]
 
 
@@ -159,10 +167,12 @@ def render_quantization(ms: list[Machine]) -> str:
                         f"{ref['tpot'] / x['tpot']:.2f}x" if x else "–", "–", "–"]
             rows.append(row)
     rounds = sorted({x["rounds"] for _, med in found for x in med.values()})
+    issued = "; ".join(f"{m.label}: {batch_1_issued(d)}" for m, d in with_data(ms, "quantization"))
     header = ["weights", "activations"] + per_machine(found, [
         "MB read per step", "TPOT, batch 1", "TPOT / copy floor", "TPOT / read floor",
         "batch 1: bfloat16's TPOT / this", "tokens/s, batch 64", "batch 64: this / bfloat16"])
-    return table(header, rows, 2) + f"\nMedians of {' or '.join(map(str, rounds))} rounds.\n"
+    return (table(header, rows, 2) + f"\nMedians of {' or '.join(map(str, rounds))} rounds. Batch-1 steps issued by "
+            f"{issued}.\n")
 
 
 def render_speculative(ms: list[Machine]) -> str:

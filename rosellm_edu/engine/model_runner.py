@@ -179,8 +179,8 @@ class ModelRunner:
         plan = self.native_plan
         if plan is None or len(ids) > plan.max_rows:
             return None
-        choice = choose(f"decode step, {plan.shape}", {"modules": lambda: self.model(ids, positions, ctx),
-                                                       "native": lambda: plan(ids, positions, ctx)})
+        choice = choose(plan.key, {"modules": lambda: self.model(ids, positions, ctx),
+                                   "native": lambda: plan(ids, positions, ctx)})
         return plan if choice.name == "native" else None
 
 

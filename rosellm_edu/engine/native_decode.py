@@ -54,7 +54,7 @@ class NativeDecode:
                        for i in range(k.shape[0])]                              # (blocks, block_size, KV, d) each
         self.scale = k.shape[-1] ** -0.5
         bits = sorted({linear[2] for args in layers for linear in args[2:4] + args[6:8]})
-        self.shape = f"{k.dtype}, {len(layers)} layers of {model.config.hidden_size}, Linears of {bits} bits"
+        self.key = f"decode step, {k.dtype}, {len(layers)} layers of {model.config.hidden_size}, Linears of {bits} bits"
 
     @classmethod
     def build(cls, model: nn.Module, kv_cache) -> "NativeDecode | None":
