@@ -2,7 +2,7 @@
 measured it, llama.cpp's batch-1 rows where it ran."""
 
 from rosellm_edu.benchmarks.quantization import MODELS, decode_command
-from rosellm_edu.book.readme import batch_1_issued, quantization_medians
+from rosellm_edu.book.readme import quantization_medians
 
 
 def report(tpots: list[float], read_floor: bool, llama: list[float] | None) -> dict:
@@ -32,11 +32,11 @@ def test_each_model_runs_the_decode_benchmark_with_its_own_options(tmp_path):
 
 
 def test_how_batch_1_steps_were_issued_is_read_from_the_runs():
-    old = report([5.0], True, None)
-    assert batch_1_issued(old) == "modules (measured before appendix 11b)"
-    new = report([5.0], True, None)
-    for run in new["runs"]:
+    old = quantization_medians(report([5.0], True, None))
+    assert old[("int4", "bfloat16")]["issued"] == "modules, before 11b"     # runs that did not record it
+    new = report([5.0, 6.0], True, None)
+    for i, run in enumerate(new["runs"]):
         for model in run["models"]:
-            for r in model["results"]:
-                r["issued"] = "native" if model["quantization"] else "modules"
-    assert batch_1_issued(new) == "modules or native"
+            model["results"][0]["issued"] = "native" if model["quantization"] and i // len(MODELS) else "modules"
+    med = quantization_medians(new)
+    assert med[("int4", "bfloat16")]["issued"] == "modules or native" and med[(None, "bfloat16")]["issued"] == "modules"

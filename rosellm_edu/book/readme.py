@@ -127,20 +127,18 @@ def quantization_medians(d: dict) -> dict:
             runs.setdefault((model["quantization"], model["dtype"]), []).append(
                 {"mb": model["weight_bytes"] / 1e6, "floor": model["weight_floor_ms"],
                  "read_floor": model.get("weight_read_floor_ms"),
-                 "tpot": by_batch[1]["tpot_ms"], "tps": by_batch[64]["throughput_tok_s"]})
+                 "tpot": by_batch[1]["tpot_ms"], "tps": by_batch[64]["throughput_tok_s"],
+                 "issued": by_batch[1].get("issued", "modules, before 11b")})
     for rnd in d.get("llama_cpp", []):
         for name, r in rnd.items():
             runs.setdefault(("llama.cpp", name), []).append({"tpot": r["tpot_ms"]})
-    median = lambda v: statistics.median(v) if None not in v else None  # noqa: E731
-    return {k: {f: median([r[f] for r in v]) for f in v[0]} | {"rounds": len(v)} for k, v in runs.items()}
+    def summary(values: list) -> float | str | None:
+        """The median of numbers; of how steps were issued, each way seen."""
+        if isinstance(values[0], str):
+            return " or ".join(sorted(set(values)))
+        return statistics.median(values) if None not in values else None
 
-
-def batch_1_issued(d: dict) -> str:
-    """How a run's batch-1 steps were issued: by the model's modules, or natively (appendix 11b) where the runner
-    chose it. Runs from before the benchmark recorded it issued every step by the modules."""
-    ways = {r.get("issued") for run in d["runs"] for model in run["models"] for r in model["results"]
-            if r["batch_size"] == 1}
-    return "modules (measured before appendix 11b)" if None in ways else " or ".join(sorted(ways))
+    return {k: {f: summary([r[f] for r in v]) for f in v[0]} | {"rounds": len(v)} for k, v in runs.items()}
 
 
 LLAMA_CPP_ROWS = [("llama.cpp: the GGUF as shipped (Q4_1, Q8_0 head)", "Q4_1"), ("llama.cpp: the GGUF in BF16", "BF16")]
@@ -155,8 +153,8 @@ def render_quantization(ms: list[Machine]) -> str:
         for _, med in found:
             x, ref = med[(quant, dtype)], med[(None, "bfloat16")]
             row += [f"{x['mb']:.1f}", f"{x['tpot']:.2f} ms", ratio(x["tpot"], x["floor"]),
-                    ratio(x["tpot"], x["read_floor"]), f"{ref['tpot'] / x['tpot']:.2f}x", f"{x['tps']:.1f}",
-                    f"{x['tps'] / ref['tps']:.2f}x"]
+                    ratio(x["tpot"], x["read_floor"]), f"{ref['tpot'] / x['tpot']:.2f}x", x["issued"],
+                    f"{x['tps']:.1f}", f"{x['tps'] / ref['tps']:.2f}x"]
         rows.append(row)
     for label, name in LLAMA_CPP_ROWS:
         if any(("llama.cpp", name) in med for _, med in found):
@@ -164,15 +162,13 @@ def render_quantization(ms: list[Machine]) -> str:
             for _, med in found:
                 x, ref = med.get(("llama.cpp", name)), med[(None, "bfloat16")]
                 row += ["–", f"{x['tpot']:.2f} ms" if x else "–", "–", "–",
-                        f"{ref['tpot'] / x['tpot']:.2f}x" if x else "–", "–", "–"]
+                        f"{ref['tpot'] / x['tpot']:.2f}x" if x else "–", "–", "–", "–"]
             rows.append(row)
     rounds = sorted({x["rounds"] for _, med in found for x in med.values()})
-    issued = "; ".join(f"{m.label}: {batch_1_issued(d)}" for m, d in with_data(ms, "quantization"))
     header = ["weights", "activations"] + per_machine(found, [
         "MB read per step", "TPOT, batch 1", "TPOT / copy floor", "TPOT / read floor",
-        "batch 1: bfloat16's TPOT / this", "tokens/s, batch 64", "batch 64: this / bfloat16"])
-    return (table(header, rows, 2) + f"\nMedians of {' or '.join(map(str, rounds))} rounds. Batch-1 steps issued by "
-            f"{issued}.\n")
+        "batch 1: bfloat16's TPOT / this", "batch 1 issued by", "tokens/s, batch 64", "batch 64: this / bfloat16"])
+    return table(header, rows, 2) + f"\nMedians of {' or '.join(map(str, rounds))} rounds.\n"
 
 
 def render_speculative(ms: list[Machine]) -> str:
