@@ -126,10 +126,11 @@ def measure(model, batch_sizes: list[int], context: int, steps: int, warmup: int
         for bs in batch_sizes:
             seqs, tables = decode_batch(bs, context, length, block_size, model.config.vocab_size, gen)
             tpot = statistics.median(time_steps(runner, seqs, tables, steps, warmup))
+            way = issued(runner, bs)
             results.append({"mode": mode, "batch_size": bs, "tpot_ms": 1e3 * tpot, "throughput_tok_s": bs / tpot,
-                            "issued": issued(runner, bs)})
+                            "issued": way})
             print(f"  {mode:>5} batch {bs:4d}: TPOT {1e3 * tpot:8.2f} ms, {bs / tpot:10.1f} tokens/s "
-                  f"(steps issued by {issued(runner, bs)})", flush=True)
+                  f"(steps issued by {way})", flush=True)
     return results
 
 
