@@ -300,9 +300,9 @@ def render_gpu(ms: list[Machine]) -> str:
     and transformers measured in the same run."""
     text = ""
     for m in ms:
-        engine, llama, sampler, checks = (m.data(f"gpu_{part}") for part in ("engine", "llama", "sampler",
-                                                                                   "correctness"))
-        if not (engine and llama and sampler and checks):
+        engine, llama, sampler, checks, tests = (m.data(f"gpu_{part}") for part in ("engine", "llama", "sampler",
+                                                                                          "correctness", "tests"))
+        if not (engine and llama and sampler and checks and tests):
             continue
         fixed, h = llama["fixed_length"], engine["header"]
         theirs = fixed["transformers_generate_batch"]
@@ -327,8 +327,9 @@ def render_gpu(ms: list[Machine]) -> str:
              f"{checks['sync_audit']['syncs_per_step']:.0f}", "one is the sampled tokens' transfer"],
             ["greedy tokens equal to transformers' on the GPU (float32, 32 tokens)",
              ", ".join(f"{k}: {v['equal']}/{v['prompts']}" for k, v in greedy.items()), "same run"],
+            ["the test files with CUDA paths (pytest)", *tests["summary"], "same run"],
         ]
-        text += (f"{h['device']}, driver {h.get('driver')}, torch {h['torch']}, CUDA {h['cuda']}, "
+        text += (("\n" if text else "") + f"{h['device']}, driver {h.get('driver')}, torch {h['torch']}, CUDA {h['cuda']}, "
                  f"{h['date'][:10]}; random weights of each named shape, bfloat16, CUDA graphs on:\n\n"
                  + table(["what", "measured", "for comparison"], rows, 1)
                  + f"\nRecorded with `{h['command']}` (`--tokenizer`, `--smollm2-config`: the embedded model's files, "
