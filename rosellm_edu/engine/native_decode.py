@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from rosellm_edu.kernels import cpu_attention, cpu_decode
-from rosellm_edu.kernels.cpu_fused import FEW_ROWS
+from rosellm_edu.kernels.cpu_fused import FEW_ROWS, few_rows_fits
 from rosellm_edu.layers.quantization import Int4Linear, Int8GroupLinear, TILED_ROWS
 from rosellm_edu.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel
 
@@ -19,11 +19,10 @@ NO_SCALES = torch.empty(0)
 def native_linear(layer: nn.Module) -> tuple[tuple, int] | None:
     """(weight, scales, bits), as the two calls take a Linear, and the most rows its loop takes; None for one
     they do not run (a bias, shapes the loops do not tile, a quantized layer not in tiles)."""
-    if getattr(layer, "bias", None) is not None:
-        return None
-    if type(layer) is nn.Linear and layer.in_features % 32 == 0 and layer.out_features % 16 == 0:
+    if few_rows_fits(layer):
         return (layer.weight, NO_SCALES, 0), FEW_ROWS
-    if isinstance(layer, (Int4Linear, Int8GroupLinear)) and getattr(layer, "tiles", None) is not None:
+    if (isinstance(layer, (Int4Linear, Int8GroupLinear)) and layer.bias is None
+            and getattr(layer, "tiles", None) is not None):
         return (layer.tiles, layer.dm, 4 if isinstance(layer, Int4Linear) else 8), TILED_ROWS
     return None
 

@@ -364,11 +364,18 @@ FEW_ROWS = 4                 # up to this many rows, a matmul can go to the kern
 
 
 # notebooks/11_weight_only_quantization.ipynb, cell 39
+def few_rows_fits(layer: nn.Module) -> bool:
+    """Whether chapter 10's few-rows kernel multiplies by this layer: an nn.Linear, no bias, K % 32 == 0,
+    N % 16 == 0."""
+    return (isinstance(layer, nn.Linear) and layer.bias is None and layer.in_features % 32 == 0
+            and layer.out_features % 16 == 0)
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 39
 def linear_cpp(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
-    """The few-rows kernel for an nn.Linear where it applies (<= FEW_ROWS rows, no bias, K % 32 == 0,
-    N % 16 == 0), else torch_linear. fusion="auto" calls it only at the row counts where it measured faster."""
-    if (isinstance(layer, nn.Linear) and x.dim() == 2 and x.shape[0] <= FEW_ROWS and layer.bias is None
-            and layer.in_features % 32 == 0 and layer.out_features % 16 == 0):
+    """The few-rows kernel where it fits and x has at most FEW_ROWS rows, else torch_linear. fusion="auto"
+    calls it only at the row counts where it measured faster."""
+    if few_rows_fits(layer) and x.dim() == 2 and x.shape[0] <= FEW_ROWS:
         return few_rows_linear_cpp(x, layer)
     return torch_linear(x, layer)
 
