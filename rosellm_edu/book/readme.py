@@ -86,6 +86,9 @@ def render_mixed(ms: list[Machine]) -> str:
             row = [name, dtype]
             for _, d in found:
                 r = {(x["engine"], x["dtype"]): x for x in d["results"]}
+                if (engine, dtype) not in r:          # a machine where this dtype was not run
+                    row += ["–", "", ""]
+                    continue
                 ours, hf = r[("llm", dtype)], r[("transformers", dtype)]
                 x = r[(engine, dtype)]
                 row.append(f"{x['throughput_tok_s']:.1f}")
