@@ -162,7 +162,7 @@ torch::Tensor int4_dequantize_out(torch::Tensor qs, torch::Tensor d, torch::Tens
 """
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 59
+# notebooks/11_weight_only_quantization.ipynb, cell 61
 @functools.cache
 def extension():
     """The 4-bit and 8-bit kernels, or None where they cannot be built (the layers then de-quantize with PyTorch
@@ -173,7 +173,7 @@ def extension():
                      "quantized layers de-quantize with PyTorch ops instead", extra_cflags=("-fno-trapping-math",))
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 60
+# notebooks/11_weight_only_quantization.ipynb, cell 62
 def int4_linear_cpp(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """x (rows <= 4, K) @ W^T for W packed as qs (N, K/32, 16), d and m (N, K/32): W is read once, as 4 bits.
     One bfloat16 row takes the bfloat16 dot-product loop where bf16_row_choice measured it fastest."""
@@ -327,30 +327,11 @@ typedef int32_t i32x16 __attribute__((vector_size(64)));
 #include <immintrin.h>
 #endif
 
-// acc + the sums of 4 adjacent products of unsigned bytes u and signed bytes s: 64 products into 16 int32. AVX2
-// sums pairs in int16 first, so 8-bit codes go in as two nibbles there: no pair's sum can overflow.
+// acc + the sums of 4 adjacent products of unsigned bytes u and signed bytes s: 64 products into 16 int32.
 template <int BITS>
 inline i32x16 dot4(i32x16 acc, u8x64 u, i8x64 s) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   return (i32x16)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)u, (__m512i)s);
-#elif defined(__AVX2__)
-  __m256i a[2], b[2], c[2];
-  std::memcpy(a, &u, 64), std::memcpy(b, &s, 64), std::memcpy(c, &acc, 64);
-  const __m256i ones = _mm256_set1_epi16(1), nibble = _mm256_set1_epi8(15);
-  for (int h = 0; h < 2; ++h) {
-#if defined(__AVXVNNI__)
-    c[h] = _mm256_dpbusd_avx_epi32(c[h], a[h], b[h]);
-#else
-    const __m256i lo = BITS == 4 ? a[h] : _mm256_and_si256(a[h], nibble);
-    c[h] = _mm256_add_epi32(c[h], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, b[h]), ones));
-    if (BITS == 8) {
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(a[h], 4), nibble);
-      c[h] = _mm256_add_epi32(c[h], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, b[h]), _mm256_set1_epi16(16)));
-    }
-#endif
-  }
-  std::memcpy(&acc, c, 64);
-  return acc;
 #else
   for (int j = 0; j < 16; ++j)
     for (int k = 0; k < 4; ++k) acc[j] += int32_t(u[4 * j + k]) * int32_t(s[4 * j + k]);
@@ -435,6 +416,69 @@ void tiled_rows(const Q8Rows& x, const Tiles& w, T* y, int64_t N, int64_t rows) 
 
 # notebooks/11_weight_only_quantization.ipynb, cell 56
 SOURCE += r"""
+#if defined(__AVX2__) && !(defined(__AVX512VNNI__) && defined(__AVX512BW__))
+#define AVX2_LOOP 1
+// tiled_rows without 512-bit registers, where the compiler keeps its 64-byte vectors in memory: each tile as two
+// halves of 8 columns in 256-bit registers. An 8-bit code goes in as two nibbles, the high one weighing 16, so
+// that maddubs' int16 sums of pairs cannot overflow.
+inline __m256i madd_avx2(__m256i acc, __m256i u, __m256i s, __m256i weight) {   // acc + weight * u.s by 4
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), weight));
+}
+#endif
+"""
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 57
+SOURCE += r"""
+#ifdef AVX2_LOOP
+template <typename T, int M, int BITS>
+void tiled_rows_avx2(const Q8Rows& x, const Tiles& w, T* y, int64_t N, int64_t rows) {
+  constexpr int C = BITS == 4 ? 4 : 8;
+  const int64_t G = x.G;
+  const __m256i nibble = _mm256_set1_epi8(15), one = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
+  at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile) {
+      __m256 acc[M][2] = {};
+      for (int64_t g = 0; g < G; ++g) {
+        const uint8_t* q = w.codes + (tile * G + g) * 64 * C;
+        __m256i s[M][2] = {};
+        for (int c = 0; c < C; ++c)
+          for (int h = 0; h < 2; ++h) {                           // columns 8h .. 8h+7
+            const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c + 32 * h));
+            const __m256i lo = _mm256_and_si256(codes, nibble);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(codes, 4), nibble);
+            for (int r = 0; r < M; ++r) {
+              const int8_t* xr = x.q.data() + (r * G + g) * 32;
+              int32_t a, b;
+              std::memcpy(&a, xr + 4 * c, 4);
+              std::memcpy(&b, BITS == 4 ? xr + 16 + 4 * c : xr + 4 * c, 4);
+              s[r][h] = madd_avx2(s[r][h], lo, _mm256_set1_epi32(a), one);
+              s[r][h] = madd_avx2(s[r][h], hi, _mm256_set1_epi32(b), BITS == 4 ? one : sixteen);
+            }
+          }
+        const uint16_t* dm = reinterpret_cast<const uint16_t*>(w.dm + (tile * G + g) * 32);
+        for (int h = 0; h < 2; ++h) {
+          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dm + 8 * h)));
+          const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dm + 16 + 8 * h)));
+          for (int r = 0; r < M; ++r)
+            acc[r][h] = _mm256_add_ps(acc[r][h], _mm256_add_ps(
+                _mm256_mul_ps(_mm256_cvtepi32_ps(s[r][h]), _mm256_mul_ps(d, _mm256_set1_ps(x.d[r * G + g]))),
+                _mm256_mul_ps(m, _mm256_set1_ps(x.s[r * G + g]))));
+        }
+      }
+      for (int r = 0; r < rows; ++r) {
+        v16 out;                                                  // the two halves, for store16
+        std::memcpy(&out, acc[r], sizeof out), store16(y + r * N + tile * 16, out);
+      }
+    }
+  });
+}
+#endif
+"""
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 58
+SOURCE += r"""
 // The tiles read back group by group (group i = n * G + g of column n), for the loops written per group:
 // de-quantizing, for steps of more than 8 rows.
 template <int BITS>
@@ -464,8 +508,14 @@ Tiles check_tiles(const torch::Tensor& tiles, const torch::Tensor& dm, int64_t b
 """
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 57
+# notebooks/11_weight_only_quantization.ipynb, cell 59
 SOURCE += r"""
+#ifdef AVX2_LOOP
+#define TILED_LOOP tiled_rows_avx2
+#else
+#define TILED_LOOP tiled_rows
+#endif
+
 torch::Tensor tiled_linear(torch::Tensor x, torch::Tensor tiles, torch::Tensor dm, int64_t bits) {
   const Tiles w = check_tiles(tiles, dm, bits);
   const int64_t N = tiles.size(0) * 16, M = x.size(0), K = x.size(1);
@@ -477,10 +527,10 @@ torch::Tensor tiled_linear(torch::Tensor x, torch::Tensor tiles, torch::Tensor d
     for (int64_t r = 0; r < M; r += 8) {                          // 8 rows at a time; the tiles stay in cache
       const int64_t rows = std::min<int64_t>(M - r, 8), padded = rows <= 2 ? rows : rows <= 4 ? 4 : 8;
       const Q8Rows xq = quantize_rows(x.data_ptr<scalar_t>() + r * K, rows, K, padded);
-      auto f = bits == 4 ? (padded == 1 ? tiled_rows<scalar_t, 1, 4> : padded == 2 ? tiled_rows<scalar_t, 2, 4> :
-                            padded == 4 ? tiled_rows<scalar_t, 4, 4> : tiled_rows<scalar_t, 8, 4>)
-                         : (padded == 1 ? tiled_rows<scalar_t, 1, 8> : padded == 2 ? tiled_rows<scalar_t, 2, 8> :
-                            padded == 4 ? tiled_rows<scalar_t, 4, 8> : tiled_rows<scalar_t, 8, 8>);
+      auto f = bits == 4 ? (padded == 1 ? TILED_LOOP<scalar_t, 1, 4> : padded == 2 ? TILED_LOOP<scalar_t, 2, 4> :
+                            padded == 4 ? TILED_LOOP<scalar_t, 4, 4> : TILED_LOOP<scalar_t, 8, 4>)
+                         : (padded == 1 ? TILED_LOOP<scalar_t, 1, 8> : padded == 2 ? TILED_LOOP<scalar_t, 2, 8> :
+                            padded == 4 ? TILED_LOOP<scalar_t, 4, 8> : TILED_LOOP<scalar_t, 8, 8>);
       f(xq, w, y.data_ptr<scalar_t>() + r * N, N, rows);
     }
   });
@@ -495,7 +545,7 @@ torch::Tensor tiled_dequantize_out(torch::Tensor tiles, torch::Tensor dm, int64_
 """
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 58
+# notebooks/11_weight_only_quantization.ipynb, cell 60
 def tile(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """codes (N, G, B) uint8, B = 16 (Q4_1's nibbles) or 32 (8-bit codes), d and m (N, G) float16 -> the tiles
     (N/16, G, B/4, 16, 4) and dm (N/16, G, 2, 16): the same bytes, 16 columns side by side."""
@@ -505,43 +555,43 @@ def tile(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.T
     return tiles, dm
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 59
+# notebooks/11_weight_only_quantization.ipynb, cell 61
 @functools.cache
 def has_bf16_dot() -> bool:
     """Whether the kernels were built for a CPU with AVX512-BF16 (the compiler targets the machine it runs on)."""
     return extension().has_bf16_dot()
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 59
+# notebooks/11_weight_only_quantization.ipynb, cell 61
 def int8_linear_cpp(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """x (rows <= 4, K) @ W^T for W in Q8_0 groups: qs (N, K/32, 32) int8, d (N, K/32) float16."""
     return extension().int8_linear(x.contiguous(), qs, d)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 59
+# notebooks/11_weight_only_quantization.ipynb, cell 61
 def int8_dequantize_cpp(qs: torch.Tensor, d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """W (N, K) in dtype, one pass over the Q8_0 groups."""
     return extension().int8_dequantize_out(qs, d, dtype)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 59
+# notebooks/11_weight_only_quantization.ipynb, cell 61
 def tiled_linear_cpp(x: torch.Tensor, tiles: torch.Tensor, dm: torch.Tensor, bits: int) -> torch.Tensor:
     """x (rows, K) @ W^T for W in tiles of 4- or 8-bit codes: x rounded to 8-bit groups, integer dots, 8 rows at a
     time."""
     return extension().tiled_linear(x.contiguous(), tiles, dm, bits)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 59
+# notebooks/11_weight_only_quantization.ipynb, cell 61
 def tiled_dequantize_cpp(tiles: torch.Tensor, dm: torch.Tensor, bits: int, dtype: torch.dtype) -> torch.Tensor:
     """W (N, K) in dtype, from its tiles."""
     return extension().tiled_dequantize_out(tiles, dm, bits, dtype)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 60
+# notebooks/11_weight_only_quantization.ipynb, cell 62
 CHOICE_BYTES = 64 * 2**20    # codes a loop is raced over: more than a last-level cache holds, as a model's weights
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 60
+# notebooks/11_weight_only_quantization.ipynb, cell 62
 @functools.cache
 def bf16_row_choice(bits: int = 4) -> Choice:
     """The loop for one bfloat16 row on `bits`-bit codes (4: Q4_1's, 8: Q8_0's), measured once per process on a
@@ -561,7 +611,7 @@ def bf16_row_choice(bits: int = 4) -> Choice:
     return choose(f"{bits}-bit loop, one bfloat16 row", loops)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 61
+# notebooks/11_weight_only_quantization.ipynb, cell 63
 @functools.cache
 def many_rows_choice() -> Choice:
     """For 9 to DECODE_ROWS bfloat16 rows on a tiled 4-bit weight, measured once at 64 rows: expand the tiles for

@@ -102,7 +102,7 @@ class Int4Linear(nn.Module):
         bias = None if linear.bias is None else linear.bias.detach()
         return cls(linear.in_features, linear.out_features, pack_int4(q), d, m, bias)
 
-    # notebooks/11_weight_only_quantization.ipynb, cell 63
+    # notebooks/11_weight_only_quantization.ipynb, cell 65
     def forward(self, x: torch.Tensor) -> torch.Tensor:             # x: (rows, K) -> (rows, N)
         if getattr(self, "tiles", None) is not None:                 # tiled, so on a CPU with the kernels built
             rows = x.shape[0]
@@ -118,7 +118,7 @@ class Int4Linear(nn.Module):
         w = dequantize_int4(unpack_int4(self.qs), self.d, self.m).to(x.dtype)   # a GPU, or no compiler
         return F.linear(x, w, self.bias)
 
-    # notebooks/11_weight_only_quantization.ipynb, cell 63
+    # notebooks/11_weight_only_quantization.ipynb, cell 65
     def tile_(self) -> None:
         """Re-lay the weight in place, in tiles of 16 columns for the int8-dot loop (the same bytes)."""
         tiles, dm = cpu_quant.tile(self.qs, self.d, self.m)
@@ -131,7 +131,7 @@ class Int4Linear(nn.Module):
 QUANTIZED_LINEARS = {"int8": Int8Linear, "int4": Int4Linear.from_linear}
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 76
+# notebooks/11_weight_only_quantization.ipynb, cell 78
 def quantize_model(model: nn.Module, method: str) -> nn.Module:
     """Replace every Linear of the decoder layers by its quantized copy, in place, and a Llama's LM head by 8-bit
     groups where head_choice measures them faster; then tiles them where the int8-dot loop won. The
@@ -189,7 +189,7 @@ class Int8GroupLinear(nn.Module):
             raise ValueError("Int8GroupLinear holds no bias; this Linear has one")
         return cls(linear.in_features, linear.out_features, *quantize_q8_0(linear.weight.detach()), dense)
 
-    # notebooks/11_weight_only_quantization.ipynb, cell 64
+    # notebooks/11_weight_only_quantization.ipynb, cell 66
     def forward(self, x: torch.Tensor) -> torch.Tensor:             # x: (rows, K) -> (rows, N)
         tiled = getattr(self, "tiles", None) is not None
         if tiled and x.shape[0] <= TILED_ROWS:
@@ -205,7 +205,7 @@ class Int8GroupLinear(nn.Module):
             return F.linear(x, cpu_quant.int8_dequantize_cpp(self.qs, self.d, x.dtype))
         return F.linear(x, dequantize_q8_0(self.qs, self.d).to(x.dtype))                 # a GPU, or no compiler
 
-    # notebooks/11_weight_only_quantization.ipynb, cell 64
+    # notebooks/11_weight_only_quantization.ipynb, cell 66
     def tile_(self) -> None:
         """Tiles as Int4Linear's, the codes as q + 128 (unsigned, as the loop takes them) with a minimum of -128 d."""
         tiles, dm = cpu_quant.tile(self.qs.view(torch.uint8) ^ 0x80, self.d, self.d * -128)
@@ -214,11 +214,11 @@ class Int8GroupLinear(nn.Module):
         self.register_buffer("dm", dm)                               # (N/16, K/32, 2, 16) float16
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 63
+# notebooks/11_weight_only_quantization.ipynb, cell 65
 TILED_ROWS = 8                # up to this many rows, a tiled layer runs the int8-dot loop; more, where it measured faster
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 64
+# notebooks/11_weight_only_quantization.ipynb, cell 66
 def tile_for_rows(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     """Tile each 4-bit and 8-bit layer of `model` where bf16_row_choice measured the int8-dot loop fastest for its
     codes, for bfloat16 activations on a CPU. float32 keeps the exact loops, so its outputs stay the float32 model's."""
@@ -232,7 +232,7 @@ def tile_for_rows(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     return model
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 72
+# notebooks/11_weight_only_quantization.ipynb, cell 74
 @torch.no_grad()
 def head_choice(dense: nn.Linear, q8: Int8GroupLinear) -> Choice:
     """The LM head's format at one row, measured once per process, dtype and shape: the model's dtype through the
@@ -244,7 +244,7 @@ def head_choice(dense: nn.Linear, q8: Int8GroupLinear) -> Choice:
                   {dtype: lambda: linear(x, dense), "Q8_0": lambda: q8(x)})
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 72
+# notebooks/11_weight_only_quantization.ipynb, cell 74
 def faster_head(dense: nn.Linear, q8: Int8GroupLinear) -> nn.Module:
     """The head head_choice measured faster, Q8_0 in tiles where the int8-dot loop won; off the CPU the dense one
     (Q8_0 there would expand every step)."""
