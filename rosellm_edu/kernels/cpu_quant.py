@@ -424,6 +424,10 @@ SOURCE += r"""
 inline __m256i madd_avx2(__m256i acc, __m256i u, __m256i s, __m256i weight) {   // acc + weight * u.s by 4
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), weight));
 }
+inline __m256i bytes4(const int8_t* p) { int32_t v; std::memcpy(&v, p, 4); return _mm256_set1_epi32(v); }   // 8 times
+inline __m256 half8(const uint16_t* p) {                         // 8 float16 as floats
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 #endif
 """
 
@@ -431,9 +435,8 @@ inline __m256i madd_avx2(__m256i acc, __m256i u, __m256i s, __m256i weight) {   
 # notebooks/11_weight_only_quantization.ipynb, cell 57
 SOURCE += r"""
 #ifdef AVX2_LOOP
-template <typename T, int M, int BITS>
+template <typename T, int M, int BITS, int C = BITS == 4 ? 4 : 8>
 void tiled_rows_avx2(const Q8Rows& x, const Tiles& w, T* y, int64_t N, int64_t rows) {
-  constexpr int C = BITS == 4 ? 4 : 8;
   const int64_t G = x.G;
   const __m256i nibble = _mm256_set1_epi8(15), one = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
   at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
@@ -444,31 +447,25 @@ void tiled_rows_avx2(const Q8Rows& x, const Tiles& w, T* y, int64_t N, int64_t r
         __m256i s[M][2] = {};
         for (int c = 0; c < C; ++c)
           for (int h = 0; h < 2; ++h) {                           // columns 8h .. 8h+7
-            const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c + 32 * h));
-            const __m256i lo = _mm256_and_si256(codes, nibble);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(codes, 4), nibble);
+            const __m256i qc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c + 32 * h));
+            const __m256i lo = _mm256_and_si256(qc, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(qc, 4), nibble);
             for (int r = 0; r < M; ++r) {
               const int8_t* xr = x.q.data() + (r * G + g) * 32;
-              int32_t a, b;
-              std::memcpy(&a, xr + 4 * c, 4);
-              std::memcpy(&b, BITS == 4 ? xr + 16 + 4 * c : xr + 4 * c, 4);
-              s[r][h] = madd_avx2(s[r][h], lo, _mm256_set1_epi32(a), one);
-              s[r][h] = madd_avx2(s[r][h], hi, _mm256_set1_epi32(b), BITS == 4 ? one : sixteen);
+              s[r][h] = madd_avx2(s[r][h], lo, bytes4(xr + 4 * c), one);
+              s[r][h] = BITS == 4 ? madd_avx2(s[r][h], hi, bytes4(xr + 16 + 4 * c), one)
+                                  : madd_avx2(s[r][h], hi, bytes4(xr + 4 * c), sixteen);
             }
           }
         const uint16_t* dm = reinterpret_cast<const uint16_t*>(w.dm + (tile * G + g) * 32);
-        for (int h = 0; h < 2; ++h) {
-          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dm + 8 * h)));
-          const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dm + 16 + 8 * h)));
-          for (int r = 0; r < M; ++r)
+        const __m256 d[2] = {half8(dm), half8(dm + 8)}, m[2] = {half8(dm + 16), half8(dm + 24)};
+        for (int r = 0; r < M; ++r)
+          for (int h = 0; h < 2; ++h)
             acc[r][h] = _mm256_add_ps(acc[r][h], _mm256_add_ps(
-                _mm256_mul_ps(_mm256_cvtepi32_ps(s[r][h]), _mm256_mul_ps(d, _mm256_set1_ps(x.d[r * G + g]))),
-                _mm256_mul_ps(m, _mm256_set1_ps(x.s[r * G + g]))));
-        }
+                _mm256_mul_ps(_mm256_cvtepi32_ps(s[r][h]), _mm256_mul_ps(d[h], _mm256_set1_ps(x.d[r * G + g]))),
+                _mm256_mul_ps(m[h], _mm256_set1_ps(x.s[r * G + g]))));
       }
-      for (int r = 0; r < rows; ++r) {
-        v16 out;                                                  // the two halves, for store16
-        std::memcpy(&out, acc[r], sizeof out), store16(y + r * N + tile * 16, out);
+      for (int r = 0; r < rows; ++r) {                            // the two halves as one v16, for store16
+        v16 out; std::memcpy(&out, acc[r], sizeof out); store16(y + r * N + tile * 16, out);
       }
     }
   });
