@@ -9,6 +9,8 @@ def positions_computed(prompt_tokens: int, new_tokens: int) -> int:
 
 
 def top_p(logits: torch.Tensor, p: float) -> torch.Tensor:    # (vocab,) -> (vocab,)
+    if p >= 1.0:                                                # off: a float32 running sum can pass 1.0 early
+        return logits
     sorted_logits, order = logits.sort(descending=True)
     probs = sorted_logits.softmax(-1)
     mass_before = probs.cumsum(-1) - probs                      # the mass of the tokens more likely than this one
