@@ -27,7 +27,7 @@ override LAB_TOKEN := $(LAB_TOKEN)
 LAB_COMMAND = $(JUPYTER) lab notebooks/ --no-browser --ServerApp.ip=$(LAB_IP) --ServerApp.port=$(LAB_PORT) \
 	--ServerApp.port_retries=0 --IdentityProvider.token=$(LAB_TOKEN) $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup model gguf lab lab-command test test-files test-notebooks export execute book
+.PHONY: setup model gguf lab lab-command test test-early test-late export execute book
 
 setup: $(STAMP) model
 
@@ -60,20 +60,23 @@ lab: setup
 lab-command:
 	@echo '$(LAB_COMMAND)'
 
-# The test files and the notebooks run at once, as two pytest processes: much of the suite waits on servers,
-# subprocesses and Python, so two keep the cores busier. Each gets half of the cores for PyTorch's threads (two
-# processes spinning on every core slow each other down badly). Their lines interleave; each ends with its summary.
+# Two pytest processes at once: much of the suite waits on servers, subprocesses and Python, so two keep the cores
+# busier. One runs chapters 00-06, then the test files; the other the notebooks from chapter 07 on (about the same
+# time each on two cores). Each gets half of the cores for PyTorch's threads: two processes spinning on every core
+# slow each other down badly. make prints each one's output, with its summary, when it ends.
 TEST_THREADS = $$(( $$(nproc) > 3 ? $$(nproc) / 2 : 1 ))
 PYTEST = HF_HUB_OFFLINE=1 OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -p no:cacheprovider
+EARLY_NOTEBOOKS = $(sort $(wildcard notebooks/0[0-6]*.ipynb))
+LATE_NOTEBOOKS = $(filter-out $(EARLY_NOTEBOOKS),$(sort $(wildcard notebooks/*.ipynb)))
 test: setup
 	$(PY) -m rosellm_edu.book.export --check
-	$(MAKE) --no-print-directory -j2 --output-sync=line test-files test-notebooks
+	$(MAKE) --no-print-directory -j2 --output-sync=line test-early test-late
 
-test-files:
-	$(PYTEST) tests
+test-early:
+	$(PYTEST) $(NBVAL) $(EARLY_NOTEBOOKS) tests
 
-test-notebooks:
-	$(PYTEST) $(NBVAL) notebooks
+test-late:
+	$(PYTEST) $(NBVAL) $(LATE_NOTEBOOKS)
 
 export: $(STAMP)
 	$(PY) -m rosellm_edu.book.export
