@@ -6,6 +6,7 @@ import torch
 
 from rosellm_edu.kernels import cpu_fused
 from rosellm_edu import timing
+from rosellm_edu.kernels.build import build_cpp
 from rosellm_edu.kernels.cpu_fused import (CPP_OPS, DECODE_ROWS, FEW_ROWS, TORCH_OPS, add_rms_norm_cpp,
                                            add_rms_norm_reference, auto_ops, few_rows_linear_cpp, fusion_choices,
                                            linear_cpp, pointwise_ops, rotary_cpp, rotary_reference, silu_and_mul_cpp,
@@ -88,6 +89,21 @@ def test_few_rows_linear_matches_a_float32_matmul_of_the_same_numbers(dtype, row
     torch.testing.assert_close(got.float(), expected.to(dtype).float(), atol=1e-4 * in_features ** 0.5,
                                rtol=TOL[dtype]["rtol"])
 
+
+
+@pytest.mark.skipif("avx2" not in open("/proc/cpuinfo").read(), reason="the AVX2 build needs an AVX2 CPU")
+def test_the_avx2_few_rows_loop_matches_a_float32_matmul():
+    """Built without AVX-512, linear_few_rows takes the AVX2 loop (four rows of W at once); an AVX-512 machine
+    runs the v16 loop natively, so this is where it tests the other one."""
+    avx2 = build_cpp("rosellm_edu_few_rows_avx2", cpu_fused.SOURCE, ["linear_few_rows", "few_rows_loop"], "skipped",
+                     extra_cflags=("-fno-trapping-math", "-mno-avx512f"))
+    assert "AVX2" in avx2.few_rows_loop()
+    g = torch.Generator().manual_seed(0)
+    for dtype in DTYPES:
+        for rows, (n, k) in zip([1, 2, 3, 4], [(16, 32), (960, 576), (576, 1536), (4096, 96)]):
+            w, x = (torch.randn(*shape, generator=g).to(dtype) for shape in [(n, k), (rows, k)])
+            torch.testing.assert_close(avx2.linear_few_rows(x, w).float(), (x.float() @ w.float().T).to(dtype).float(),
+                                       atol=1e-4 * k ** 0.5, rtol=TOL[dtype]["rtol"])
 
 def test_linear_cpp_takes_the_kernel_only_where_it_applies():
     g = torch.Generator().manual_seed(0)
