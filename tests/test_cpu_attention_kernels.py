@@ -9,6 +9,7 @@ import torch
 from conftest import assert_attention_matches_causal, hf_greedy, scattered_kv
 from rosellm_edu import LLM, SamplingParams
 from rosellm_edu.kernels import cpu_attention
+from rosellm_edu.kernels.build import build_cpp
 from rosellm_edu.layers.paged_attention import (PagedAttention, gathered_attention, gathered_decode_attention,
                                                 gathered_prefill_attention)
 
@@ -64,11 +65,26 @@ def test_tiles_and_forced_splits_give_the_same_attention(tile, partition, dtype)
     torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [40, 128])                             # 40: the loops' scalar remainder path
-def test_head_dims_that_are_not_64(head_dim):
-    args, ref = paged_batch([30, 0], [1, 70], 16, 6, 2, head_dim, torch.float32, seed=head_dim)
+def test_head_dims_that_are_not_64(head_dim, dtype):
+    args, ref = paged_batch([30, 0], [1, 70], 16, 6, 2, head_dim, dtype, seed=head_dim)
     out = cpu_attention.paged_prefill_attention_cpu(*args, head_dim ** -0.5, partition=64)
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.skipif("avx2" not in open("/proc/cpuinfo").read(), reason="the AVX2 build needs an AVX2 CPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_avx2_decode_loops_match_the_gathered_reference(dtype):
+    """Built without AVX-512, the decode loops run in 8-float registers; an AVX-512 machine runs the v16 loops
+    natively, so this is where it tests the others (head_dim 64 and 128, a few rows per kv head)."""
+    avx2 = build_cpp("rosellm_edu_paged_attention_avx2", cpu_attention.SOURCE, ["varlen_attention"], "skipped",
+                     extra_cflags=("-mno-avx512f",))
+    for head_dim in (64, 128):
+        args, ref = paged_batch([30, 200, 5], [1, 1, 3], 16, 9, 3, head_dim, dtype, seed=head_dim)
+        q, k_cache, v_cache, tables, context, cu = args
+        out = avx2.varlen_attention(q, k_cache, v_cache, tables, context, cu, head_dim ** -0.5, 1, 64)
+        torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
 
 
 @pytest.mark.parametrize("partition", [0, 64, 256])

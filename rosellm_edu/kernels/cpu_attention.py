@@ -217,12 +217,91 @@ void decode_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 22
+# notebooks/09_attention_kernels.ipynb, cell 23
+SOURCE += r"""
+#if defined(__AVX2__) && !defined(__AVX512F__)
+#include <immintrin.h>
+#include <type_traits>
+#define DECODE_AVX2 1
+template <typename T> constexpr bool avx2_loops = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>;
+// 16 elements of a K/V row in two registers: bfloat16's even and odd ones (a shift, a mask), float32's halves.
+inline void load16(const float* p, __m256& a, __m256& b) { a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8); }
+inline void load16(const c10::BFloat16* p, __m256& a, __m256& b) {
+  const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  a = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
+  b = _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(int(0xFFFF0000u))));
+}
+// 16 floats of q or acc, split as load16 splits a row of T; join16 puts them back.
+template <typename T>
+inline void split16(const float* p, __m256& a, __m256& b) {
+  a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8);
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const __m256 even = _mm256_shuffle_ps(a, b, 0x88), odd = _mm256_shuffle_ps(a, b, 0xDD);   // lanes 0,2,1,3
+    a = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(even), 0xD8));
+    b = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(odd), 0xD8));
+  }
+}
+template <typename T>
+inline void join16(float* p, __m256 a, __m256 b) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const __m256 lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);
+    a = _mm256_permute2f128_ps(lo, hi, 0x20), b = _mm256_permute2f128_ps(lo, hi, 0x31);
+  }
+  _mm256_storeu_ps(p, a), _mm256_storeu_ps(p + 8, b);
+}
+// x[t] holds 8 partial sums of score t; returns the 8 scores.
+inline __m256 sum8(const __m256* x) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(x[0], x[1]), _mm256_hadd_ps(x[2], x[3]));
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(x[4], x[5]), _mm256_hadd_ps(x[6], x[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+#endif
+"""
+
+
+# notebooks/09_attention_kernels.ipynb, cell 24
+SOURCE += r"""
+#ifdef DECODE_AVX2
+// decode_scores in 8-float registers: a (row, key) pair leaves 8 partial sums, sum8 adds them 8 keys at a time.
+template <typename T, int NV>
+void decode_scores_avx2(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
+  __m256 q[8][2 * NV], part[8][8];                      // the rows, split as load16 splits keys; partial sums
+  for (int64_t r = 0; r < R; ++r)
+    for (int c = 0; c < NV; ++c) split16<T>(w.q.data() + r * 16 * NV + 16 * c, q[r][2 * c], q[r][2 * c + 1]);
+  for (int64_t t0 = 0; t0 < n; t0 += 8) {
+    for (int64_t t = t0; t < t0 + 8; ++t) {
+      if (t >= n) { for (int64_t r = 0; r < R; ++r) part[r][t - t0] = _mm256_setzero_ps(); continue; }
+      for (int64_t b = 0; b < 16 * NV * int64_t(sizeof(T)); b += 64) {   // every 64-byte line of the rows
+        if (t + 8 < n) __builtin_prefetch(reinterpret_cast<const char*>(pg.k + w.off[t + 8]) + b);
+        __builtin_prefetch(reinterpret_cast<const char*>(pg.v + w.off[t]) + b);
+      }
+      __m256 key[2 * NV];
+      for (int c = 0; c < NV; ++c) load16(pg.k + w.off[t] + 16 * c, key[2 * c], key[2 * c + 1]);
+      for (int64_t r = 0; r < R; ++r) {
+        __m256 a = _mm256_mul_ps(q[r][0], key[0]);
+        for (int c = 1; c < 2 * NV; ++c) a = _mm256_fmadd_ps(q[r][c], key[c], a);
+        part[r][t - t0] = a;
+      }
+    }
+    for (int64_t r = 0; r < R; ++r) _mm256_storeu_ps(w.s.data() + r * KC + t0, sum8(part[r]));
+  }
+}
+#endif
+"""
+
+
+# notebooks/09_attention_kernels.ipynb, cell 25
 SOURCE += r"""
 // Any other head_dim takes dot_scores. For many rows (a prefill tile): transpose the chunk's keys once, then every row is an axpy over keys.
 template <typename T>
 void chunk_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
   const int64_t d = pg.d;
+#ifdef DECODE_AVX2
+  if constexpr (avx2_loops<T>) {
+    if (R < 8 && d == 64) return decode_scores_avx2<T, 4>(pg, w, R, n);
+    if (R < 8 && d == 128) return decode_scores_avx2<T, 8>(pg, w, R, n);
+  }
+#endif
   if (R < 8 && d == 64) return decode_scores<T, 4>(pg, w, R, n);
   if (R < 8 && d == 128) return decode_scores<T, 8>(pg, w, R, n);
   if (R < 8) return dot_scores(pg, w, R, n);
@@ -243,7 +322,7 @@ void chunk_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 23
+# notebooks/09_attention_kernels.ipynb, cell 26
 SOURCE += r"""
 // acc (R, d) += p (R, n) @ V (n, d) for a decode's few rows, head_dim = 16 * NV: a row's accumulator stays in
 // NV registers, split as load32 splits values, while t runs over the chunk (decode_scores has fetched V's rows).
@@ -267,13 +346,45 @@ void decode_values(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 24
+# notebooks/09_attention_kernels.ipynb, cell 27
+SOURCE += r"""
+#ifdef DECODE_AVX2
+// decode_values in 8-float registers: a row's accumulator stays in 2 * NV of them while t runs over the chunk.
+template <typename T, int NV>
+void decode_values_avx2(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
+  for (int64_t r = 0; r < R; ++r) {
+    float* ar = w.acc.data() + r * 16 * NV;
+    const float* pr = w.s.data() + r * KC;
+    __m256 a[2 * NV];
+    for (int c = 0; c < NV; ++c) split16<T>(ar + 16 * c, a[2 * c], a[2 * c + 1]);
+    for (int64_t t = 0; t < n; ++t) {
+      const __m256 p = _mm256_set1_ps(pr[t]);
+      for (int c = 0; c < NV; ++c) {
+        __m256 x, y;
+        load16(pg.v + w.off[t] + 16 * c, x, y);
+        a[2 * c] = _mm256_fmadd_ps(p, x, a[2 * c]), a[2 * c + 1] = _mm256_fmadd_ps(p, y, a[2 * c + 1]);
+      }
+    }
+    for (int c = 0; c < NV; ++c) join16<T>(ar + 16 * c, a[2 * c], a[2 * c + 1]);
+  }
+}
+#endif
+"""
+
+
+# notebooks/09_attention_kernels.ipynb, cell 28
 SOURCE += r"""
 // acc (R, d) += p (R, n) @ V (n, d), p in the score buffer: 4 rows x 16 dims of acc stay in registers while t
 // runs over the chunk's keys (a head_dim that is no multiple of 16 takes the plain loop).
 template <typename T>
 void add_values(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
   const int64_t d = pg.d;
+#ifdef DECODE_AVX2
+  if constexpr (avx2_loops<T>) {
+    if (R < 8 && d == 64) return decode_values_avx2<T, 4>(pg, w, R, n);
+    if (R < 8 && d == 128) return decode_values_avx2<T, 8>(pg, w, R, n);
+  }
+#endif
   if (R < 8 && d == 64) return decode_values<T, 4>(pg, w, R, n);
   if (R < 8 && d == 128) return decode_values<T, 8>(pg, w, R, n);
   const float* vrow[KC];
@@ -302,7 +413,7 @@ void add_values(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 26
+# notebooks/09_attention_kernels.ipynb, cell 30
 SOURCE += r"""
 // The online softmax over one chunk: the scores s (R, n) become weights, and (m, l, acc) are rescaled to the new
 // maximum. Row r = j * group + g sits at position pos0 + j and sees the keys <= its position (causal).
@@ -329,7 +440,7 @@ inline void fold_chunk(Scratch& w, int64_t R, int64_t n, int64_t d, int64_t grou
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 27
+# notebooks/09_attention_kernels.ipynb, cell 31
 SOURCE += r"""
 // Fold keys [k0, k1) into the running softmax of kv heads h0 .. h1-1 (ws[i] holds head h0 + i). The heads take
 // turns on each chunk, so a slot's K/V rows, contiguous across heads, are read from memory together.
@@ -351,7 +462,7 @@ void attend_range(const Paged<T>& pg, Scratch* ws, int64_t h0, int64_t h1, int64
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 29
+# notebooks/09_attention_kernels.ipynb, cell 33
 SOURCE += r"""
 // One work item: a tile of one sequence's queries, kv heads h0 .. h1-1, one split of the keys it sees.
 struct Item { int64_t seq, q0, nq, h0, h1, split; };
@@ -372,7 +483,7 @@ void start_tile(const T* q, Scratch& w, const Item& x, int64_t h, int64_t heads,
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 30
+# notebooks/09_attention_kernels.ipynb, cell 34
 SOURCE += r"""
 // The work of a batch: sequence i's query rows cu[i] .. cu[i+1]-1 in tiles of `tile`, `per_item` kv heads to an
 // item, each tile's keys cut into splits of `part` positions (flash-decoding) when the items alone are too few
@@ -402,7 +513,7 @@ std::vector<Item> plan(const int32_t* lens, const int32_t* cu, int64_t seqs, int
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 32
+# notebooks/09_attention_kernels.ipynb, cell 36
 SOURCE += r"""
 // Merge each (token, head)'s partial softmax results, split by split: the exercise of chapter 04, in C++.
 // A split that saw no key has m = -inf, l = 0, acc = 0 and weighs nothing.
@@ -430,7 +541,7 @@ void merge_splits(const std::vector<float>& pm, const std::vector<float>& pl, co
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 34
+# notebooks/09_attention_kernels.ipynb, cell 38
 SOURCE += r"""
 // out (tokens, heads, d) from q (tokens, heads, d). With one split, items write their rows of out directly;
 // with several, each writes its (m, l, acc) and a second pass merges them, as two halves of a softmax merge.
@@ -472,7 +583,7 @@ void paged_attention(const T* q, const T* k, const T* v, const int32_t* tables, 
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 36
+# notebooks/09_attention_kernels.ipynb, cell 40
 SOURCE += r"""
 // The entry points PyTorch calls: checks, then one template per dtype (float32, bfloat16, float16).
 torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
@@ -506,7 +617,7 @@ torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
 """
 
 
-# notebooks/09_attention_kernels.ipynb, cell 38
+# notebooks/09_attention_kernels.ipynb, cell 42
 @functools.cache
 def extension():
     """The compiled kernel (chapter 04's build_cpp), or None where it cannot be built and attention falls back
@@ -515,7 +626,7 @@ def extension():
                      "attention falls back to chapter 04's kernel and the gather, which are slower")
 
 
-# notebooks/09_attention_kernels.ipynb, cell 39
+# notebooks/09_attention_kernels.ipynb, cell 43
 def paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, cu_query_lens, scale: float, *,
                                 tile: int = 32, partition: int = 0) -> torch.Tensor:
     """q (tokens, heads, d) packed: sequence i's new tokens are rows cu_query_lens[i] .. cu_query_lens[i+1]-1,
@@ -526,7 +637,7 @@ def paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, context_lens,
                                         cu_query_lens.contiguous(), scale, tile, partition)
 
 
-# notebooks/09_attention_kernels.ipynb, cell 39
+# notebooks/09_attention_kernels.ipynb, cell 43
 def paged_decode_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, scale: float, *,
                                partition: int = 0) -> torch.Tensor:
     """Chapter 04's decode contract, q (seqs, heads, d): one query per sequence, keys split when cores idle."""
