@@ -218,7 +218,7 @@ void rotary_inplace(torch::Tensor positions, torch::Tensor x, torch::Tensor cos,
 """
 
 
-# notebooks/10_fewer_passes.ipynb, cell 41
+# notebooks/10_fewer_passes.ipynb, cell 42
 @functools.cache
 def extension():
     """The compiled kernels (`make model` builds them ahead), or None where they cannot be built and the model
@@ -423,14 +423,14 @@ std::string few_rows_loop() {        // which loop linear_few_rows runs on this 
 """
 
 
-# notebooks/10_fewer_passes.ipynb, cell 41
+# notebooks/10_fewer_passes.ipynb, cell 42
 def few_rows_linear_cpp(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     """F.linear(x, layer.weight, layer.bias) for x (rows, in_features), by the kernel (no bias, K % 32 == 0,
     N % 16 == 0, at most 4 rows)."""
     return extension().linear_few_rows(x.contiguous(), layer.weight)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 46
+# notebooks/10_fewer_passes.ipynb, cell 47
 FEW_ROWS = 4                 # up to this many rows, a matmul can go to the kernel (the lines above)
 
 
@@ -451,7 +451,7 @@ def linear_cpp(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
     return torch_linear(x, layer)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 47
+# notebooks/10_fewer_passes.ipynb, cell 48
 @dataclass(frozen=True)
 class PointwiseOps:
     """The steps between a Llama layer's matmuls, and the matmuls themselves, by one implementation."""
@@ -469,7 +469,7 @@ TORCH_OPS = PointwiseOps(add_rms_norm_reference, silu_and_mul_reference, rotary_
 CPP_OPS = PointwiseOps(add_rms_norm_cpp, silu_and_mul_cpp, rotary_cpp, linear_cpp)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 47
+# notebooks/10_fewer_passes.ipynb, cell 48
 @functools.cache
 def compiled_ops() -> PointwiseOps:
     """PyTorch's ops through torch.compile, one graph for every token count (compiled at the first call)."""
@@ -478,17 +478,17 @@ def compiled_ops() -> PointwiseOps:
                         torch_linear)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 47
+# notebooks/10_fewer_passes.ipynb, cell 48
 def kernels_usable(device: torch.device) -> bool:
     """The kernels write in place: a CPU, no autograd, and a compiler that built them."""
     return device.type == "cpu" and not torch.is_grad_enabled() and extension() is not None
 
 
-# notebooks/10_fewer_passes.ipynb, cell 48
+# notebooks/10_fewer_passes.ipynb, cell 49
 DECODE_ROWS = 128            # a step of up to this many rows takes the decode choices, a longer one the prefill's
 
 
-# notebooks/10_fewer_passes.ipynb, cell 48
+# notebooks/10_fewer_passes.ipynb, cell 49
 def timed_linears(linear: Callable, linears: list[nn.Module], rows: int, dtype: torch.dtype) -> Callable:
     """A call of `linear` on every layer in `linears`, x (rows, in_features): the matmuls of one step."""
     g = torch.Generator().manual_seed(rows)
@@ -496,7 +496,7 @@ def timed_linears(linear: Callable, linears: list[nn.Module], rows: int, dtype: 
     return lambda: [linear(xs[m.in_features], m) for m in linears]
 
 
-# notebooks/10_fewer_passes.ipynb, cell 48
+# notebooks/10_fewer_passes.ipynb, cell 49
 def fusion_choices(model: nn.Module) -> dict[str, Choice]:
     """For a LlamaModel on this CPU: per piece and kind of step, "cpp" (the kernel) or "torch" (PyTorch's op),
     measured at the model's shapes in its dtype by timing.choose (once per process per shape)."""
@@ -517,7 +517,7 @@ def fusion_choices(model: nn.Module) -> dict[str, Choice]:
     return choices
 
 
-# notebooks/10_fewer_passes.ipynb, cell 49
+# notebooks/10_fewer_passes.ipynb, cell 50
 def auto_ops(choices: dict[str, Choice], rows: int) -> PointwiseOps:
     """For a step of `rows` rows, each piece by what `choices` measured faster there (PyTorch's op if unmeasured)."""
     regime = "decode" if rows <= DECODE_ROWS else "prefill"
@@ -530,7 +530,7 @@ def auto_ops(choices: dict[str, Choice], rows: int) -> PointwiseOps:
                         pick("rotary", f"rotary, {regime}"), pick("linear", f"linear, {rows} row(s)"))
 
 
-# notebooks/10_fewer_passes.ipynb, cell 50
+# notebooks/10_fewer_passes.ipynb, cell 51
 def pointwise_ops(device: torch.device, fusion: str = "auto", choices: dict[str, Choice] | None = None,
                   rows: int = 1) -> PointwiseOps:
     """fusion: "auto" (per piece, what `choices` measured faster for a step of `rows` rows; PyTorch's ops where the
