@@ -218,19 +218,31 @@ void decode_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 
 
 # notebooks/09_attention_kernels.ipynb, cell 23
-SOURCE += r"""
+AVX2_VECTORS = r"""
 #if defined(__AVX2__) && !defined(__AVX512F__)
 #include <immintrin.h>
-#include <type_traits>
-#define DECODE_AVX2 1
-template <typename T> constexpr bool avx2_loops = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>;
-// 16 elements of a K/V row in two registers: bfloat16's even and odd ones (a shift, a mask), float32's halves.
+#define AVX2_WITHOUT_512 1
+// 16 elements of a row in two registers of 8 floats: bfloat16's even and odd ones (a shift, a mask), float32's
+// halves.
 inline void load16(const float* p, __m256& a, __m256& b) { a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8); }
 inline void load16(const c10::BFloat16* p, __m256& a, __m256& b) {
   const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   a = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
   b = _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(int(0xFFFF0000u))));
 }
+#endif
+"""
+
+
+# notebooks/09_attention_kernels.ipynb, cell 23
+VECTORS += AVX2_VECTORS   # chapter 10's few-rows loop reads its weights with load16 too
+
+
+# notebooks/09_attention_kernels.ipynb, cell 23
+SOURCE += AVX2_VECTORS + r"""
+#ifdef AVX2_WITHOUT_512
+#include <type_traits>
+template <typename T> constexpr bool avx2_loops = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>;
 // 16 floats of q or acc, split as load16 splits a row of T; join16 puts them back.
 template <typename T>
 inline void split16(const float* p, __m256& a, __m256& b) {
@@ -249,19 +261,19 @@ inline void join16(float* p, __m256 a, __m256 b) {
   }
   _mm256_storeu_ps(p, a), _mm256_storeu_ps(p + 8, b);
 }
-// x[t] holds 8 partial sums of score t; returns the 8 scores.
-inline __m256 sum8(const __m256* x) {
-  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(x[0], x[1]), _mm256_hadd_ps(x[2], x[3]));
-  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(x[4], x[5]), _mm256_hadd_ps(x[6], x[7]));
-  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-}
 #endif
 """
 
 
 # notebooks/09_attention_kernels.ipynb, cell 24
 SOURCE += r"""
-#ifdef DECODE_AVX2
+#ifdef AVX2_WITHOUT_512
+// x[t] holds 8 partial sums of score t; returns the 8 scores.
+inline __m256 sum8(const __m256* x) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(x[0], x[1]), _mm256_hadd_ps(x[2], x[3]));
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(x[4], x[5]), _mm256_hadd_ps(x[6], x[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
 // decode_scores in 8-float registers: a (row, key) pair leaves 8 partial sums, sum8 adds them 8 keys at a time.
 template <typename T, int NV>
 void decode_scores_avx2(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
@@ -296,7 +308,7 @@ SOURCE += r"""
 template <typename T>
 void chunk_scores(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
   const int64_t d = pg.d;
-#ifdef DECODE_AVX2
+#ifdef AVX2_WITHOUT_512
   if constexpr (avx2_loops<T>) {
     if (R < 8 && d == 64) return decode_scores_avx2<T, 4>(pg, w, R, n);
     if (R < 8 && d == 128) return decode_scores_avx2<T, 8>(pg, w, R, n);
@@ -348,7 +360,7 @@ void decode_values(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
 
 # notebooks/09_attention_kernels.ipynb, cell 27
 SOURCE += r"""
-#ifdef DECODE_AVX2
+#ifdef AVX2_WITHOUT_512
 // decode_values in 8-float registers: a row's accumulator stays in 2 * NV of them while t runs over the chunk.
 template <typename T, int NV>
 void decode_values_avx2(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
@@ -379,7 +391,7 @@ SOURCE += r"""
 template <typename T>
 void add_values(const Paged<T>& pg, Scratch& w, int64_t R, int64_t n) {
   const int64_t d = pg.d;
-#ifdef DECODE_AVX2
+#ifdef AVX2_WITHOUT_512
   if constexpr (avx2_loops<T>) {
     if (R < 8 && d == 64) return decode_values_avx2<T, 4>(pg, w, R, n);
     if (R < 8 && d == 128) return decode_values_avx2<T, 8>(pg, w, R, n);

@@ -218,7 +218,7 @@ void rotary_inplace(torch::Tensor positions, torch::Tensor x, torch::Tensor cos,
 """
 
 
-# notebooks/10_fewer_passes.ipynb, cell 42
+# notebooks/10_fewer_passes.ipynb, cell 41
 @functools.cache
 def extension():
     """The compiled kernels (`make model` builds them ahead), or None where they cannot be built and the model
@@ -335,23 +335,7 @@ void few_rows_linear(const T* x, const T* w, T* y, int64_t M, int64_t N, int64_t
 
 # notebooks/10_fewer_passes.ipynb, cell 39
 SOURCE += r"""
-#if defined(__AVX2__) && !defined(__AVX512F__)
-#include <immintrin.h>
-#define FEW_ROWS_AVX2 1
-// 16 elements of a row as two registers of 8 floats: bfloat16's even and odd ones, float32's halves.
-inline void load16(const float* p, __m256& a, __m256& b) { a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8); }
-inline void load16(const at::BFloat16* p, __m256& a, __m256& b) {
-  const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  a = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
-  b = _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(int(0xFFFF0000u))));
-}
-#endif
-"""
-
-
-# notebooks/10_fewer_passes.ipynb, cell 40
-SOURCE += r"""
-#ifdef FEW_ROWS_AVX2
+#ifdef AVX2_WITHOUT_512
 template <typename T, int M>
 void few_rows_avx2(const T* x, const T* w, T* y, int64_t N, int64_t K) {
   std::vector<float> xs(M * K);                                 // x, split as load16 splits W's rows
@@ -387,7 +371,7 @@ void few_rows_avx2(const T* x, const T* w, T* y, int64_t N, int64_t K) {
 """
 
 
-# notebooks/10_fewer_passes.ipynb, cell 41
+# notebooks/10_fewer_passes.ipynb, cell 40
 SOURCE += r"""
 torch::Tensor linear_few_rows(torch::Tensor x, torch::Tensor weight) {
   check_rows(x, "x");
@@ -401,7 +385,7 @@ torch::Tensor linear_few_rows(torch::Tensor x, torch::Tensor weight) {
   DISPATCH(x.scalar_type(), "linear_few_rows", [&] {
     const scalar_t *xp = x.data_ptr<scalar_t>(), *wp = weight.data_ptr<scalar_t>();
     scalar_t* yp = y.data_ptr<scalar_t>();
-#ifdef FEW_ROWS_AVX2
+#ifdef AVX2_WITHOUT_512
     using Loop = void (*)(const scalar_t*, const scalar_t*, scalar_t*, int64_t, int64_t);
     const Loop loops[] = {few_rows_avx2<scalar_t, 1>, few_rows_avx2<scalar_t, 2>, few_rows_avx2<scalar_t, 3>,
                           few_rows_avx2<scalar_t, 4>};
@@ -414,7 +398,7 @@ torch::Tensor linear_few_rows(torch::Tensor x, torch::Tensor weight) {
 }
 
 std::string few_rows_loop() {        // which loop linear_few_rows runs on this CPU
-#ifdef FEW_ROWS_AVX2
+#ifdef AVX2_WITHOUT_512
   return "AVX2's, four rows of W at once in 8-float registers";
 #else
   return "the v16 loop";
@@ -423,14 +407,14 @@ std::string few_rows_loop() {        // which loop linear_few_rows runs on this 
 """
 
 
-# notebooks/10_fewer_passes.ipynb, cell 42
+# notebooks/10_fewer_passes.ipynb, cell 41
 def few_rows_linear_cpp(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     """F.linear(x, layer.weight, layer.bias) for x (rows, in_features), by the kernel (no bias, K % 32 == 0,
     N % 16 == 0, at most 4 rows)."""
     return extension().linear_few_rows(x.contiguous(), layer.weight)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 47
+# notebooks/10_fewer_passes.ipynb, cell 46
 FEW_ROWS = 4                 # up to this many rows, a matmul can go to the kernel (the lines above)
 
 
@@ -451,7 +435,7 @@ def linear_cpp(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
     return torch_linear(x, layer)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 48
+# notebooks/10_fewer_passes.ipynb, cell 47
 @dataclass(frozen=True)
 class PointwiseOps:
     """The steps between a Llama layer's matmuls, and the matmuls themselves, by one implementation."""
@@ -469,7 +453,7 @@ TORCH_OPS = PointwiseOps(add_rms_norm_reference, silu_and_mul_reference, rotary_
 CPP_OPS = PointwiseOps(add_rms_norm_cpp, silu_and_mul_cpp, rotary_cpp, linear_cpp)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 48
+# notebooks/10_fewer_passes.ipynb, cell 47
 @functools.cache
 def compiled_ops() -> PointwiseOps:
     """PyTorch's ops through torch.compile, one graph for every token count (compiled at the first call)."""
@@ -478,17 +462,17 @@ def compiled_ops() -> PointwiseOps:
                         torch_linear)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 48
+# notebooks/10_fewer_passes.ipynb, cell 47
 def kernels_usable(device: torch.device) -> bool:
     """The kernels write in place: a CPU, no autograd, and a compiler that built them."""
     return device.type == "cpu" and not torch.is_grad_enabled() and extension() is not None
 
 
-# notebooks/10_fewer_passes.ipynb, cell 49
+# notebooks/10_fewer_passes.ipynb, cell 48
 DECODE_ROWS = 128            # a step of up to this many rows takes the decode choices, a longer one the prefill's
 
 
-# notebooks/10_fewer_passes.ipynb, cell 49
+# notebooks/10_fewer_passes.ipynb, cell 48
 def timed_linears(linear: Callable, linears: list[nn.Module], rows: int, dtype: torch.dtype) -> Callable:
     """A call of `linear` on every layer in `linears`, x (rows, in_features): the matmuls of one step."""
     g = torch.Generator().manual_seed(rows)
@@ -496,7 +480,7 @@ def timed_linears(linear: Callable, linears: list[nn.Module], rows: int, dtype: 
     return lambda: [linear(xs[m.in_features], m) for m in linears]
 
 
-# notebooks/10_fewer_passes.ipynb, cell 49
+# notebooks/10_fewer_passes.ipynb, cell 48
 def fusion_choices(model: nn.Module) -> dict[str, Choice]:
     """For a LlamaModel on this CPU: per piece and kind of step, "cpp" (the kernel) or "torch" (PyTorch's op),
     measured at the model's shapes in its dtype by timing.choose (once per process per shape)."""
@@ -517,7 +501,7 @@ def fusion_choices(model: nn.Module) -> dict[str, Choice]:
     return choices
 
 
-# notebooks/10_fewer_passes.ipynb, cell 50
+# notebooks/10_fewer_passes.ipynb, cell 49
 def auto_ops(choices: dict[str, Choice], rows: int) -> PointwiseOps:
     """For a step of `rows` rows, each piece by what `choices` measured faster there (PyTorch's op if unmeasured)."""
     regime = "decode" if rows <= DECODE_ROWS else "prefill"
@@ -530,7 +514,7 @@ def auto_ops(choices: dict[str, Choice], rows: int) -> PointwiseOps:
                         pick("rotary", f"rotary, {regime}"), pick("linear", f"linear, {rows} row(s)"))
 
 
-# notebooks/10_fewer_passes.ipynb, cell 51
+# notebooks/10_fewer_passes.ipynb, cell 50
 def pointwise_ops(device: torch.device, fusion: str = "auto", choices: dict[str, Choice] | None = None,
                   rows: int = 1) -> PointwiseOps:
     """fusion: "auto" (per piece, what `choices` measured faster for a step of `rows` rows; PyTorch's ops where the
