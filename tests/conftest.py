@@ -14,6 +14,7 @@ import transformers
 from hypothesis import settings
 
 from rosellm_edu import model_loader
+from rosellm_edu.benchmarks.machine import cpu_flags
 from rosellm_edu.layers.sampler import apply_top_k
 from rosellm_edu.sampling_params import SamplingParams
 
@@ -22,6 +23,9 @@ settings.register_profile("ci", derandomize=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 transformers.logging.set_verbosity_error()
+
+# the tests that build a kernel without AVX-512, to check its AVX2 loop on any AVX2 machine
+requires_avx2 = pytest.mark.skipif("avx2" not in cpu_flags(), reason="the AVX2 build needs an AVX2 CPU")
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from conftest import assert_attention_matches_causal, hf_greedy, scattered_kv
+from conftest import assert_attention_matches_causal, hf_greedy, requires_avx2, scattered_kv
 from rosellm_edu import LLM, SamplingParams
 from rosellm_edu.kernels import cpu_attention
 from rosellm_edu.kernels.build import build_cpp
@@ -73,7 +73,7 @@ def test_head_dims_that_are_not_64(head_dim, dtype):
     torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
 
 
-@pytest.mark.skipif("avx2" not in open("/proc/cpuinfo").read(), reason="the AVX2 build needs an AVX2 CPU")
+@requires_avx2
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_avx2_decode_loops_match_the_gathered_reference(dtype):
     """Built without AVX-512, the decode loops run in 8-float registers; an AVX-512 machine runs the v16 loops

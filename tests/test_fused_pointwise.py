@@ -4,6 +4,7 @@ and the model built on them against transformers."""
 import pytest
 import torch
 
+from conftest import requires_avx2
 from rosellm_edu.kernels import cpu_fused
 from rosellm_edu import timing
 from rosellm_edu.kernels.build import build_cpp
@@ -91,7 +92,7 @@ def test_few_rows_linear_matches_a_float32_matmul_of_the_same_numbers(dtype, row
 
 
 
-@pytest.mark.skipif("avx2" not in open("/proc/cpuinfo").read(), reason="the AVX2 build needs an AVX2 CPU")
+@requires_avx2
 def test_the_avx2_few_rows_loop_matches_a_float32_matmul():
     """Built without AVX-512, linear_few_rows takes the AVX2 loop (four rows of W at once); an AVX-512 machine
     runs the v16 loop natively, so this is where it tests the other one."""

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conftest import requires_avx2
 from rosellm_edu import LLM, SamplingParams, timing
 from rosellm_edu.kernels import cpu_quant
 from rosellm_edu.kernels.build import build_cpp
@@ -126,7 +127,7 @@ def test_engine_with_tiled_layers_decodes_as_it_prefills(monkeypatch):
     assert agree / total >= 0.9
 
 
-@pytest.mark.skipif("avx2" not in open("/proc/cpuinfo").read(), reason="the AVX2 build needs an AVX2 CPU")
+@requires_avx2
 def test_the_avx2_build_computes_the_same_numbers():
     """On an AVX-512 machine the compiler picks vpdpbusd; built without AVX-512 (and AVX-VNNI) the loop takes
     AVX2's maddubs path, 8-bit codes as two nibbles. Both must equal the re-computation."""
