@@ -509,7 +509,7 @@ def main(argv=None) -> None:
         print(f"== {part}", flush=True)
         try:
             body = RUNNERS[part](args, device, models)
-            status = "ok"
+            status = "ok" if body.get("returncode", 0) == 0 else "failed"   # the tests part: pytest's exit code
         except Exception as e:   # one part's failure is recorded and the others still run
             body, status = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}, "error"
             print(body["traceback"], flush=True)

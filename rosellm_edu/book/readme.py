@@ -337,6 +337,10 @@ def render_gpu(ms: list[Machine]) -> str:
                  + table(["what", "measured", "for comparison"], rows, 1)
                  + f"\nRecorded with `{h['command']}` (`--tokenizer`, `--smollm2-config`: the embedded model's files, "
                  "which are the defaults where the package is set up).\n")
+        rechecked = {d["header"]["command"]: d["header"]["date"][:10] for d in (checks, tests)
+                     if d["header"]["command"] != h["command"]}
+        text += "".join(f"The last three rows (the correctness and tests parts) are from a later run, {date}: `{command}`.\n"
+                        for command, date in rechecked.items())
     return text
 
 
