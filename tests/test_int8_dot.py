@@ -12,8 +12,9 @@ from rosellm_edu import LLM, SamplingParams, timing
 from rosellm_edu.kernels import cpu_quant
 from rosellm_edu.kernels.build import build_cpp
 from rosellm_edu.kernels.cpu_fused import DECODE_ROWS
-from rosellm_edu.layers.quantization import (TILED_ROWS, Int4Linear, Int8GroupLinear, dequantize_int4,
-                                             dequantize_q8_0, pack_int4, quantize_int4, quantize_q8_0,
+from rosellm_edu.layers import quantization
+from rosellm_edu.layers.quantization import (TILED_ROWS, Int4Linear, Int8GroupLinear, Int8Linear, dequantize_int4,
+                                             dequantize_q8_0, pack_int4, quantize_int4, quantize_int8, quantize_q8_0,
                                              tile_for_rows, unpack_int4)
 
 pytestmark = pytest.mark.skipif(cpu_quant.extension() is None, reason="no C++ compiler for the kernels")
@@ -29,23 +30,32 @@ def rounded_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def layers(shape, seed):
-    """The same random weight as an Int4Linear and an Int8GroupLinear, and each one's float32 weight."""
+    """The same random weight as an Int4Linear, an Int8GroupLinear and an Int8Linear, and each one's float32
+    weight (int8 per channel's in tiles: its scale rounded to the tiles' float16)."""
     w = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 0.05
     q, d, m = quantize_int4(w)
     four = Int4Linear(shape[1], shape[0], pack_int4(q), d, m)
-    eight = Int8GroupLinear.from_linear(nn.Linear(shape[1], shape[0], bias=False).requires_grad_(False))
+    linear = nn.Linear(shape[1], shape[0], bias=False).requires_grad_(False)
+    eight = Int8GroupLinear.from_linear(linear)
     eight.qs, eight.d = quantize_q8_0(w)
-    return [(four, dequantize_int4(q, d, m)), (eight, dequantize_q8_0(eight.qs, eight.d))]
+    channel = Int8Linear(linear)
+    q8, scale = quantize_int8(w)
+    channel.qweight, channel.scale = q8, scale.squeeze(1)
+    return [(four, dequantize_int4(q, d, m)), (eight, dequantize_q8_0(eight.qs, eight.d)),
+            (channel, q8.float() * scale.half().float())]
+
+
+def bits_of(layer) -> int:
+    return 4 if isinstance(layer, Int4Linear) else 8
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_tiles_hold_the_same_weight(shape):
     for layer, w in layers(shape, 0):
-        bits = 4 if isinstance(layer, Int4Linear) else 8
-        codes, groups = layer.qs.numel(), layer.d.numel()
+        codes, groups = w.numel() // (8 // bits_of(layer)), w.numel() // 32
         layer.tile_()
-        assert layer.tiles.numel() == codes and layer.dm.numel() == 2 * groups    # Q8_0 gains a float16 minimum
-        assert torch.equal(cpu_quant.tiled_dequantize_cpp(layer.tiles, layer.dm, bits, torch.float32), w)
+        assert layer.tiles.numel() == codes and layer.dm.numel() == 2 * groups    # 8 bits gain a float16 minimum
+        assert torch.equal(cpu_quant.tiled_dequantize_cpp(layer.tiles, layer.dm, bits_of(layer), torch.float32), w)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -76,7 +86,7 @@ def test_more_rows_take_the_loop_measured_faster(loop, monkeypatch):
 
 
 def test_the_loop_rejects_what_it_does_not_run():
-    (four, _), _ = layers((32, 64), 0)
+    (four, _), *_ = layers((32, 64), 0)
     four.tile_()
     with pytest.raises(RuntimeError, match="at least one row"):
         cpu_quant.tiled_linear_cpp(torch.randn(0, 64), four.tiles, four.dm, 4)
@@ -91,20 +101,30 @@ def test_only_bfloat16_models_are_tiled_and_only_where_the_loop_won(monkeypatch)
         m = nn.Sequential(*(layer for layer, _ in layers((32, 64), 1)))
         return m
     monkeypatch.setattr(cpu_quant, "bf16_row_choice", lambda bits=4: timing.Choice("int8-dot", {}))
+    monkeypatch.setattr(quantization, "channel_row_choice", lambda: timing.Choice("int8-dot", {}))
     assert all(getattr(l, "tiles", None) is not None for l in tile_for_rows(model(), torch.bfloat16))
     assert all(getattr(l, "tiles", None) is None for l in tile_for_rows(model(), torch.float32))
     monkeypatch.setattr(cpu_quant, "bf16_row_choice", lambda bits=4: timing.Choice("portable", {}))
+    monkeypatch.setattr(quantization, "channel_row_choice", lambda: timing.Choice("PyTorch's int8 op", {}))
     assert all(getattr(l, "tiles", None) is None for l in tile_for_rows(model(), torch.bfloat16))
 
 
 def test_each_width_of_code_is_tiled_by_its_own_race(monkeypatch):
     """A 4-bit race won by another loop leaves the 4-bit layers alone but still tiles the 8-bit ones (an LM head
-    in Q8_0) where the int8-dot loop won theirs."""
+    in Q8_0) where the int8-dot loop won theirs; int8 per channel follows its own race, against PyTorch's op."""
     monkeypatch.setattr(cpu_quant, "bf16_row_choice",
                         lambda bits=4: timing.Choice("int8-dot" if bits == 8 else "avx512-bf16", {}))
-    tiled = {type(l): getattr(l, "tiles", None) is not None
-             for l in tile_for_rows(nn.Sequential(*(l for l, _ in layers((32, 64), 2))), torch.bfloat16)}
-    assert tiled == {Int4Linear: False, Int8GroupLinear: True}
+    for op, won in (("PyTorch's int8 op", False), ("int8-dot", True)):
+        monkeypatch.setattr(quantization, "channel_row_choice", lambda: timing.Choice(op, {}))
+        tiled = {type(l): getattr(l, "tiles", None) is not None
+                 for l in tile_for_rows(nn.Sequential(*(l for l, _ in layers((32, 64), 2))), torch.bfloat16)}
+        assert tiled == {Int4Linear: False, Int8GroupLinear: True, Int8Linear: won}
+
+
+def test_the_per_channel_race_is_measured_once_and_names_a_candidate():
+    choice = quantization.channel_row_choice()
+    assert choice is quantization.channel_row_choice()
+    assert set(choice.seconds) == {"PyTorch's int8 op", "int8-dot"} and choice.name in choice.seconds
 
 
 def test_engine_with_tiled_layers_decodes_as_it_prefills(monkeypatch):
@@ -135,8 +155,7 @@ def test_the_avx2_build_computes_the_same_numbers():
                      extra_cflags=("-fno-trapping-math", "-mno-avx512f", "-mno-avxvnni"))
     for layer, w in layers((48, 160), 7):
         layer.tile_()
-        bits = 4 if isinstance(layer, Int4Linear) else 8
         for rows in (1, 3, 8):
             x = torch.randn(rows, 160)
-            torch.testing.assert_close(avx2.tiled_linear(x, layer.tiles, layer.dm, bits), rounded_rows(x) @ w.T,
-                                       atol=1e-5, rtol=1e-5)
+            y = avx2.tiled_linear(x, layer.tiles, layer.dm, bits_of(layer))
+            torch.testing.assert_close(y, rounded_rows(x) @ w.T, atol=1e-5, rtol=1e-5)

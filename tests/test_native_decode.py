@@ -13,12 +13,12 @@ from rosellm_edu.engine.kv_cache import KVCache
 from rosellm_edu.engine.model_runner import ModelRunner
 from rosellm_edu.engine.native_decode import NativeDecode, native_linear
 from rosellm_edu.kernels import cpu_decode
-from rosellm_edu.layers.quantization import Int4Linear, Int8GroupLinear, quantize_model
+from rosellm_edu.layers.quantization import Int4Linear, Int8GroupLinear, Int8Linear, quantize_model
 from rosellm_edu.models import model_class
 
 pytestmark = pytest.mark.skipif(cpu_decode.extension() is None, reason="no C++ compiler for the kernels")
 
-ROWS = {torch.float32: 4, torch.bfloat16: 4, "int4": 8}
+ROWS = {torch.float32: 4, torch.bfloat16: 4, "int4": 8, "int8": 8}
 
 
 def tiny_model(kind, bias: bool = False) -> nn.Module:
@@ -26,14 +26,14 @@ def tiny_model(kind, bias: bool = False) -> nn.Module:
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                          attention_bias=bias, tie_word_embeddings=False)
     torch.manual_seed(0)
-    dtype = torch.bfloat16 if kind == "int4" else kind
+    dtype = torch.bfloat16 if kind in ("int4", "int8") else kind
     model = model_class(config)(config).to(dtype).eval()
     for p in model.parameters():
         p.data.normal_(0, 0.1)
-    if kind == "int4":
-        quantize_model(model, "int4")
+    if kind in ("int4", "int8"):
+        quantize_model(model, kind)
         for layer in model.modules():
-            if isinstance(layer, (Int4Linear, Int8GroupLinear)) and getattr(layer, "tiles", None) is None:
+            if isinstance(layer, (Int4Linear, Int8GroupLinear, Int8Linear)) and getattr(layer, "tiles", None) is None:
                 layer.tile_()
     model.model.fusion = "cpp"                     # the modules run the same kernels as the two calls
     return model
@@ -54,7 +54,7 @@ def runner_at(model, rows: int, gen) -> ModelRunner:
     return runner
 
 
-@pytest.mark.parametrize("kind", [torch.float32, torch.bfloat16, "int4"])
+@pytest.mark.parametrize("kind", [torch.float32, torch.bfloat16, "int4", "int8"])
 def test_the_native_step_computes_what_the_modules_compute(kind):
     model, gen = tiny_model(kind), torch.Generator().manual_seed(1)
     for rows in range(1, ROWS[kind] + 1):

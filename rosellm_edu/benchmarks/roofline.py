@@ -115,7 +115,7 @@ def lm_head_weight(model) -> torch.Tensor:
     return head.weight if head is not None else model.wte.weight
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 75
+# notebooks/11_weight_only_quantization.ipynb, cell 77
 def memory_read_bandwidth(num_bytes: int = 256 * 2**20, device: str | torch.device = "cpu", repeat: int = 5) -> float:
     """Bytes per second this device reads: a sum over a tensor far larger than any cache reads each byte once and
     writes nothing, as a decode step reads its weights (a copy, chapter 08's memory_bandwidth, writes too)."""

@@ -107,7 +107,7 @@ class LLMEngine:
         self.structured = StructuredOutputManager(
             lambda: XgrammarBackend(self.tokenizer, self.vocab_size, sorted(self.eos_token_ids)), max_grammar_bytes)
 
-    # notebooks/11_weight_only_quantization.ipynb, cell 95
+    # notebooks/11_weight_only_quantization.ipynb, cell 97
     def load(self, model: str | None, dtype: str | torch.dtype, device: str | torch.device | None,
              quantization: str | None = None) -> None:
         """The model (its Linears quantized, or read from the GGUF as they ship) and tokenizer, and what the engine

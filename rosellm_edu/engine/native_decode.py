@@ -7,7 +7,7 @@ from torch import nn
 
 from rosellm_edu.kernels import cpu_attention, cpu_decode
 from rosellm_edu.kernels.cpu_fused import FEW_ROWS, few_rows_fits
-from rosellm_edu.layers.quantization import Int4Linear, Int8GroupLinear, TILED_ROWS
+from rosellm_edu.layers.quantization import Int4Linear, Int8GroupLinear, Int8Linear, TILED_ROWS
 from rosellm_edu.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel
 
 
@@ -21,7 +21,7 @@ def native_linear(layer: nn.Module) -> tuple[tuple, int] | None:
     they do not run (a bias, shapes the loops do not tile, a quantized layer not in tiles)."""
     if few_rows_fits(layer):
         return (layer.weight, NO_SCALES, 0), FEW_ROWS
-    if (isinstance(layer, (Int4Linear, Int8GroupLinear)) and layer.bias is None
+    if (isinstance(layer, (Int4Linear, Int8GroupLinear, Int8Linear)) and layer.bias is None
             and getattr(layer, "tiles", None) is not None):
         return (layer.tiles, layer.dm, 4 if isinstance(layer, Int4Linear) else 8), TILED_ROWS
     return None

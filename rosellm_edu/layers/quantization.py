@@ -2,6 +2,8 @@
 # Do not edit: change the notebooks' `#| export` cells and export again. Each item names its cell
 # (cells counted from 1 in their notebook, markdown cells included).
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -61,12 +63,25 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale.squeeze(1))             # (N,) float32
         self.bias = linear.bias
 
+    # notebooks/11_weight_only_quantization.ipynb, cell 67
     def forward(self, x: torch.Tensor) -> torch.Tensor:             # x: (rows, K) -> (rows, N)
+        if getattr(self, "tiles", None) is not None:
+            y = (cpu_quant.tiled_linear_cpp(x, self.tiles, self.dm, 8) if x.shape[0] <= TILED_ROWS else
+                 F.linear(x, cpu_quant.tiled_dequantize_cpp(self.tiles, self.dm, 8, x.dtype)))
+            return y if self.bias is None else y + self.bias
         scale = self.scale.to(x.dtype)
         if x.device.type == "cpu" and x.dim() == 2 and x.shape[0] <= FEW_ROWS:
             y = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.qweight, scale)
             return y if self.bias is None else y + self.bias
         return F.linear(x, self.qweight.to(x.dtype) * scale[:, None], self.bias)
+
+    # notebooks/11_weight_only_quantization.ipynb, cell 67
+    def tile_(self) -> None:
+        """Re-lay the weight in place, in Int8GroupLinear's tiles (the same codes, a scale per group)."""
+        tiles, dm = channel_tiles(self.qweight, self.scale)
+        del self.qweight, self.scale
+        self.register_buffer("tiles", tiles)                         # (N/16, K/32, 8, 16, 4) uint8
+        self.register_buffer("dm", dm)                               # (N/16, K/32, 2, 16) float16
 
 
 # notebooks/11_weight_only_quantization.ipynb, cell 22
@@ -131,7 +146,7 @@ class Int4Linear(nn.Module):
 QUANTIZED_LINEARS = {"int8": Int8Linear, "int4": Int4Linear.from_linear}
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 78
+# notebooks/11_weight_only_quantization.ipynb, cell 80
 def quantize_model(model: nn.Module, method: str) -> nn.Module:
     """Replace every Linear of the decoder layers by its quantized copy, in place, and a Llama's LM head by 8-bit
     groups where head_choice measures them faster; then tiles them where the int8-dot loop won. The
@@ -218,21 +233,52 @@ class Int8GroupLinear(nn.Module):
 TILED_ROWS = 8                # up to this many rows, a tiled layer runs the int8-dot loop; more, where it measured faster
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 66
+# notebooks/11_weight_only_quantization.ipynb, cell 67
+def channel_tiles(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 per channel, q (N, K) and scale (N,), as Q8_0 tiles: the channel's scale on each of its groups."""
+    N, K = q.shape
+    d = scale.half()[:, None].expand(N, K // 32)                                 # (N, K/32) float16
+    return cpu_quant.tile(q.view(torch.uint8).view(N, K // 32, 32) ^ 0x80, d, d * -128)
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 68
+@functools.cache
+def channel_row_choice() -> Choice:
+    """int8 per channel, one bfloat16 row, measured once per process on cpu_quant.CHOICE_BYTES of codes: PyTorch's
+    int8 op (the default), or the int8-dot loop on the same codes in tiles."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randint(-127, 128, (cpu_quant.CHOICE_BYTES // 2048, 2048), dtype=torch.int8, generator=gen)  # (N, K)
+    scale = torch.rand(q.shape[0], generator=gen).bfloat16() / 100                  # (N,)
+    tiles, dm = channel_tiles(q, scale)
+    x = torch.randn(1, 2048, generator=gen).bfloat16()
+    return choose("int8 per channel, one bfloat16 row", {
+        "PyTorch's int8 op": lambda: torch.ops.aten._weight_int8pack_mm(x, q, scale),
+        "int8-dot": lambda: cpu_quant.tiled_linear_cpp(x, tiles, dm, 8)})
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 68
+def int8_dot_won(layer: nn.Module) -> bool:
+    """Whether the int8-dot loop measured fastest for this quantized layer's codes, one bfloat16 row."""
+    if isinstance(layer, Int8Linear):
+        return channel_row_choice().name == "int8-dot"
+    return cpu_quant.bf16_row_choice(4 if isinstance(layer, Int4Linear) else 8).name == "int8-dot"
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 68
 def tile_for_rows(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """Tile each 4-bit and 8-bit layer of `model` where bf16_row_choice measured the int8-dot loop fastest for its
-    codes, for bfloat16 activations on a CPU. float32 keeps the exact loops, so its outputs stay the float32 model's."""
+    """Tile each quantized layer of `model` where the int8-dot loop measured fastest for its codes, for bfloat16
+    activations on a CPU. float32 keeps the exact loops, so its outputs stay the float32 model's."""
     if dtype != torch.bfloat16 or cpu_quant.extension() is None:
         return model
     for layer in model.modules():
-        bits = 4 if isinstance(layer, Int4Linear) else 8 if isinstance(layer, Int8GroupLinear) else 0
-        if (bits and getattr(layer, "tiles", None) is None and layer.qs.device.type == "cpu"
-                and layer.out_features % 16 == 0 and cpu_quant.bf16_row_choice(bits).name == "int8-dot"):
+        if (isinstance(layer, (Int4Linear, Int8GroupLinear, Int8Linear)) and getattr(layer, "tiles", None) is None
+                and next(layer.buffers()).device.type == "cpu" and layer.out_features % 16 == 0
+                and layer.in_features % 32 == 0 and int8_dot_won(layer)):
             layer.tile_()
     return model
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 74
+# notebooks/11_weight_only_quantization.ipynb, cell 76
 @torch.no_grad()
 def head_choice(dense: nn.Linear, q8: Int8GroupLinear) -> Choice:
     """The LM head's format at one row, measured once per process, dtype and shape: the model's dtype through the
@@ -244,7 +290,7 @@ def head_choice(dense: nn.Linear, q8: Int8GroupLinear) -> Choice:
                   {dtype: lambda: linear(x, dense), "Q8_0": lambda: q8(x)})
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 74
+# notebooks/11_weight_only_quantization.ipynb, cell 76
 def faster_head(dense: nn.Linear, q8: Int8GroupLinear) -> nn.Module:
     """The head head_choice measured faster, Q8_0 in tiles where the int8-dot loop won; off the CPU the dense one
     (Q8_0 there would expand every step)."""

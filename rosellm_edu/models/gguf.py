@@ -12,15 +12,15 @@ from rosellm_edu.layers.rotary import RotaryEmbedding
 from rosellm_edu.models.llama import LlamaForCausalLM
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 83
+# notebooks/11_weight_only_quantization.ipynb, cell 85
 Q4_1_BLOCK = 20   # bytes per 32 weights: float16 d, float16 m, 16 bytes of nibbles
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 83
+# notebooks/11_weight_only_quantization.ipynb, cell 85
 Q8_0_BLOCK = 34   # bytes per 32 weights: float16 d, 32 int8
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 83
+# notebooks/11_weight_only_quantization.ipynb, cell 85
 def q4_1_tensors(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A Q4_1 tensor's bytes (N, K/32 * 20) -> qs (N, K/32, 16) uint8, d and m (N, K/32) float16: the same bytes,
     split into three arrays, no arithmetic."""
@@ -30,7 +30,7 @@ def q4_1_tensors(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return blocks[..., 4:].contiguous(), d, m
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 83
+# notebooks/11_weight_only_quantization.ipynb, cell 85
 def q8_0_tensors(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """A Q8_0 tensor's bytes (N, K/32 * 34) -> qs (N, K/32, 32) int8 and d (N, K/32) float16, split the same way."""
     blocks = torch.from_numpy(np.array(raw)).view(raw.shape[0], -1, Q8_0_BLOCK)      # (N, groups, 34)
@@ -38,24 +38,24 @@ def q8_0_tensors(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     return blocks[..., 2:].contiguous().view(torch.int8), d
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 85
+# notebooks/11_weight_only_quantization.ipynb, cell 87
 def unpermute_rows(t: torch.Tensor, heads: int) -> torch.Tensor:
     """llama.cpp's converter reorders the rows of q and k, per head, from (half, pair) to (pair, half), for its
     rotary; put them back in the checkpoint's order. t: (heads * head_dim, ...) with any trailing shape."""
     return t.reshape(heads, t.shape[0] // heads // 2, 2, *t.shape[1:]).transpose(1, 2).reshape(t.shape)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 86
+# notebooks/11_weight_only_quantization.ipynb, cell 88
 # GGUF's tensor name in block i -> (our layer in model.model.layers[i], the shards it packs, in order)
 GGUF_LINEARS = {"self_attn.qkv_proj": ["attn_q", "attn_k", "attn_v"], "self_attn.o_proj": ["attn_output"],
                 "mlp.gate_up_proj": ["ffn_gate", "ffn_up"], "mlp.down_proj": ["ffn_down"]}
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 86
+# notebooks/11_weight_only_quantization.ipynb, cell 88
 GGUF_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 86
+# notebooks/11_weight_only_quantization.ipynb, cell 88
 def int4_linear(tensors: dict, names: list[str], config) -> Int4Linear:
     """One Int4Linear from Q4_1 shards stacked along the output rows (q, k, v into qkv_proj, as chapter 00)."""
     parts = []
@@ -70,7 +70,7 @@ def int4_linear(tensors: dict, names: list[str], config) -> Int4Linear:
     return Int4Linear(qs.shape[1] * 32, qs.shape[0], qs, d, m)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 87
+# notebooks/11_weight_only_quantization.ipynb, cell 89
 def dense(t, dtype: torch.dtype) -> torch.Tensor:
     """A GGUF tensor that stays in the model's dtype: the norms (F32) and the embedding (Q8_0 in this file)."""
     if t.tensor_type == GGMLQuantizationType.Q8_0:
@@ -80,7 +80,7 @@ def dense(t, dtype: torch.dtype) -> torch.Tensor:
     raise ValueError(f"GGUF tensor {t.name} is {t.tensor_type.name}, which this loader does not read")
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 87
+# notebooks/11_weight_only_quantization.ipynb, cell 89
 def gguf_head(tensors: dict, embedding: nn.Parameter, dtype: torch.dtype) -> nn.Module:
     """The LM head from its Q8_0 table (the embedding's when tied), as it ships or expanded to dtype: faster_head's
     choice."""
@@ -95,7 +95,7 @@ def gguf_head(tensors: dict, embedding: nn.Parameter, dtype: torch.dtype) -> nn.
     return faster_head(linear, q8)
 
 
-# notebooks/11_weight_only_quantization.ipynb, cell 88
+# notebooks/11_weight_only_quantization.ipynb, cell 90
 def load_gguf(path, config, dtype: torch.dtype) -> LlamaForCausalLM:
     """A Llama model whose decoder Linears are the file's Q4_1 weights, packed as they ship, and whose LM head is
     its Q8_0 table as it ships or expanded to dtype, whichever faster_head measures faster; tiled where the int8-dot loop won."""
