@@ -273,14 +273,17 @@ def test_head_choice_is_measured_once_per_dtype_and_names_a_candidate():
 
 
 @pytest.mark.parametrize("loop", ["portable", "int8-dot"])
-@pytest.mark.parametrize("method", ["int4", "gguf"])
+@pytest.mark.parametrize("method", ["int8", "int4", "gguf"])
 def test_bfloat16_activations_stay_close_to_float32(method, loop, our_model, tokenizer, monkeypatch):
     """Chapter 11 prints its quality table with float32 activations (the same digits on every CPU); with
     bfloat16 activations the digits depend on the CPU (AMX, AVX512-BF16, the order of sums), so they are bounded
     here instead. The int8-dot loop rounds the activations to 8 bits as well, and stays within the same bounds."""
     from rosellm_edu.benchmarks.quality import TEXT, compare, logits
+    from rosellm_edu.layers import quantization
 
     monkeypatch.setattr(cpu_quant, "bf16_row_choice", lambda bits=4: timing.Choice(loop, {}))
+    other = "PyTorch's int8 op" if loop == "portable" else loop                 # int8 per channel's race
+    monkeypatch.setattr(quantization, "channel_row_choice", lambda: timing.Choice(other, {}))
     ids = tokenizer(TEXT).input_ids
     model = model_loader.load_model(model_loader.resolve_model(), torch.bfloat16, quantization=method)
     scores = compare(logits(our_model, ids), logits(model, ids), ids)

@@ -610,13 +610,13 @@ def bf16_row_choice(bits: int = 4) -> Choice:
 
 # notebooks/11_weight_only_quantization.ipynb, cell 63
 @functools.cache
-def many_rows_choice() -> Choice:
-    """For 9 to DECODE_ROWS bfloat16 rows on a tiled 4-bit weight, measured once at 64 rows: expand the tiles for
-    PyTorch's matmul (the default), or the int8-dot loop, 8 rows at a time."""
+def many_rows_choice(bits: int = 4) -> Choice:
+    """For 9 to DECODE_ROWS bfloat16 rows on a tiled weight of `bits`-bit codes, measured once at 64 rows: expand
+    the tiles for PyTorch's matmul (the default), or the int8-dot loop, 8 rows at a time."""
     gen = torch.Generator().manual_seed(0)
-    qs = torch.randint(0, 256, (2048, 48, 16), dtype=torch.uint8, generator=gen)     # (N, K/32, 16)
-    tiles, dm = tile(qs, *torch.rand(2, 2048, 48, generator=gen).half())
+    codes = torch.randint(0, 256, (2048, 48, 4 * bits), dtype=torch.uint8, generator=gen)   # (N, K/32, 16 or 32)
+    tiles, dm = tile(codes, *torch.rand(2, 2048, 48, generator=gen).half())
     x = torch.randn(64, 1536, generator=gen).bfloat16()
-    return choose("int4 tiles, 64 bfloat16 rows", {
-        "expand": lambda: F.linear(x, extension().tiled_dequantize_out(tiles, dm, 4, x.dtype)),
-        "int8-dot": lambda: extension().tiled_linear(x, tiles, dm, 4)})
+    return choose(f"{bits}-bit tiles, 64 bfloat16 rows", {
+        "expand": lambda: F.linear(x, extension().tiled_dequantize_out(tiles, dm, bits, x.dtype)),
+        "int8-dot": lambda: extension().tiled_linear(x, tiles, dm, bits)})

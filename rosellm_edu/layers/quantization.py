@@ -65,8 +65,10 @@ class Int8Linear(nn.Module):
 
     # notebooks/11_weight_only_quantization.ipynb, cell 67
     def forward(self, x: torch.Tensor) -> torch.Tensor:             # x: (rows, K) -> (rows, N)
-        if getattr(self, "tiles", None) is not None:
-            y = (cpu_quant.tiled_linear_cpp(x, self.tiles, self.dm, 8) if x.shape[0] <= TILED_ROWS else
+        if getattr(self, "tiles", None) is not None:                 # as Int4Linear's tiles, 8-bit codes
+            rows = x.shape[0]
+            dot = rows <= TILED_ROWS or (rows <= DECODE_ROWS and cpu_quant.many_rows_choice(8).name == "int8-dot")
+            y = (cpu_quant.tiled_linear_cpp(x, self.tiles, self.dm, 8) if dot else
                  F.linear(x, cpu_quant.tiled_dequantize_cpp(self.tiles, self.dm, 8, x.dtype)))
             return y if self.bias is None else y + self.bias
         scale = self.scale.to(x.dtype)
