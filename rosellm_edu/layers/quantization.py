@@ -66,10 +66,7 @@ class Int8Linear(nn.Module):
     # notebooks/11_weight_only_quantization.ipynb, cell 67
     def forward(self, x: torch.Tensor) -> torch.Tensor:             # x: (rows, K) -> (rows, N)
         if getattr(self, "tiles", None) is not None:                 # as Int4Linear's tiles, 8-bit codes
-            rows = x.shape[0]
-            dot = rows <= TILED_ROWS or (rows <= DECODE_ROWS and cpu_quant.many_rows_choice(8).name == "int8-dot")
-            y = (cpu_quant.tiled_linear_cpp(x, self.tiles, self.dm, 8) if dot else
-                 F.linear(x, cpu_quant.tiled_dequantize_cpp(self.tiles, self.dm, 8, x.dtype)))
+            y = tiled_matmul(x, self.tiles, self.dm, 8)
             return y if self.bias is None else y + self.bias
         scale = self.scale.to(x.dtype)
         if x.device.type == "cpu" and x.dim() == 2 and x.shape[0] <= FEW_ROWS:
@@ -122,10 +119,7 @@ class Int4Linear(nn.Module):
     # notebooks/11_weight_only_quantization.ipynb, cell 65
     def forward(self, x: torch.Tensor) -> torch.Tensor:             # x: (rows, K) -> (rows, N)
         if getattr(self, "tiles", None) is not None:                 # tiled, so on a CPU with the kernels built
-            rows = x.shape[0]
-            dot = rows <= TILED_ROWS or (rows <= DECODE_ROWS and cpu_quant.many_rows_choice().name == "int8-dot")
-            y = (cpu_quant.tiled_linear_cpp(x, self.tiles, self.dm, 4) if dot else
-                 F.linear(x, cpu_quant.tiled_dequantize_cpp(self.tiles, self.dm, 4, x.dtype)))
+            y = tiled_matmul(x, self.tiles, self.dm, 4)
             return y if self.bias is None else y + self.bias
         if x.device.type == "cpu" and x.dim() == 2 and cpu_quant.extension() is not None:
             if x.shape[0] <= FEW_ROWS:
@@ -233,6 +227,16 @@ class Int8GroupLinear(nn.Module):
 
 # notebooks/11_weight_only_quantization.ipynb, cell 65
 TILED_ROWS = 8                # up to this many rows, a tiled layer runs the int8-dot loop; more, where it measured faster
+
+
+# notebooks/11_weight_only_quantization.ipynb, cell 65
+def tiled_matmul(x: torch.Tensor, tiles: torch.Tensor, dm: torch.Tensor, bits: int) -> torch.Tensor:
+    """x (rows, K) @ W^T for W in tiles: the int8-dot loop up to TILED_ROWS rows, and up to DECODE_ROWS where
+    many_rows_choice measured it faster; otherwise the tiles expanded for PyTorch's matmul."""
+    rows = x.shape[0]
+    if rows <= TILED_ROWS or (rows <= DECODE_ROWS and cpu_quant.many_rows_choice(bits).name == "int8-dot"):
+        return cpu_quant.tiled_linear_cpp(x, tiles, dm, bits)
+    return F.linear(x, cpu_quant.tiled_dequantize_cpp(tiles, dm, bits, x.dtype))
 
 
 # notebooks/11_weight_only_quantization.ipynb, cell 67
