@@ -119,6 +119,11 @@ def test_landing_page_shows_readmes_figures_from_the_benchmark_data(built):
     assert cells and [c for c in cells if c.replace("`", "") not in text] == []
 
 
+def test_a_cpp_cell_shows_as_cpp_under_its_files_name(built):
+    page = page_of(built, "09_attention_kernels.ipynb").read_text()
+    assert "highlight-cpp" in page and "<code" in page and "%%cpp vectors.h" in page
+
+
 def test_every_relative_link_resolves_to_a_page_or_file_and_anchor(built):
     for page in [built / "index.html", *(page_of(built, c.notebook) for c in load_book()[1])]:
         for link in parse(page).links:
@@ -173,6 +178,14 @@ def test_a_widget_keeps_its_picture_and_a_widget_without_one_is_left_out():
     assert [o.get("data", {}).keys() - {"text/plain"} for o in outputs] == [{"image/png"}, set(), set()]
     assert outputs[1].text == "kept\n" and outputs[2].data == {"text/plain": "1"}
     assert "widgets" not in notebook.metadata
+
+
+def test_a_cpp_cell_becomes_a_cpp_block_and_other_cells_stay():
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("%%cpp k.h\nint a();"),
+                                               nbformat.v4.new_code_cell("%%time\nx = 1")])
+    cells = site.cpp_as_cpp(notebook).cells
+    assert (cells[0].cell_type, cells[0].source) == ("markdown", "`%%cpp k.h`\n```cpp\nint a();\n```")
+    assert (cells[1].cell_type, cells[1].source) == ("code", "%%time\nx = 1")
 
 
 # A two-chapter book in a temporary directory: links between chapters, to files, and broken ones.

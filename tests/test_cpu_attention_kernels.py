@@ -78,7 +78,7 @@ def test_head_dims_that_are_not_64(head_dim, dtype):
 def test_the_avx2_decode_loops_match_the_gathered_reference(dtype):
     """Built without AVX-512, the decode loops run in 8-float registers; an AVX-512 machine runs the v16 loops
     natively, so this is where it tests the others (head_dim 64 and 128, a few rows per kv head)."""
-    avx2 = build_cpp("rosellm_edu_paged_attention_avx2", cpu_attention.SOURCE, ["varlen_attention"], "skipped",
+    avx2 = build_cpp("rosellm_edu_paged_attention_avx2", "attention.cpp", ["varlen_attention"], "skipped",
                      extra_cflags=("-mno-avx512f",))
     for head_dim in (64, 128):
         args, ref = paged_batch([30, 200, 5], [1, 1, 3], 16, 9, 3, head_dim, dtype, seed=head_dim)

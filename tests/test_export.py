@@ -283,6 +283,32 @@ def test_check_reports_drift_and_orphaned_generated_files_and_export_repairs_the
     assert export.main(["--check"], root) == 0
 
 
+
+def test_cpp_cells_make_one_file_each_in_cell_order_under_a_generated_header(tmp_path):
+    root = make_book(tmp_path, {"a.ipynb": ["%%cpp k.h\n#pragma once\nint a();", "#| export toy\nx = 1",
+                                            "%%cpp k.cpp\n#include \"k.h\"", "%%cpp k.h\nint b();\n\n"]})
+    files = export.generate(root)
+    text = files[root / "rosellm_edu/kernels/csrc/k.h"]
+    assert text.startswith("// Generated from notebooks/a.ipynb by `python -m rosellm_edu.book.export`.\n")
+    assert text.endswith("\n\n// notebooks/a.ipynb, cell 2\n#pragma once\nint a();\n\n"
+                         "// notebooks/a.ipynb, cell 5\nint b();\n")
+    assert export.export(root)[-1] == "wrote rosellm_edu/kernels/csrc/k.cpp"
+    make_book(root, {"a.ipynb": ["%%cpp k.h\nint a();"]})   # k.cpp is no longer written
+    assert "deleted rosellm_edu/kernels/csrc/k.cpp: no notebook exports it any more" in export.export(root)
+
+
+@pytest.mark.parametrize("cells, error", [(["%%cpp k.py\nx"], "cell 2: '%%cpp' takes one file name"),
+                                          (["%%cpp a.h b.h\nx"], "cell 2: '%%cpp' takes one file name")])
+def test_a_cpp_cell_must_name_one_cpp_file(tmp_path, cells, error):
+    with pytest.raises(ValueError, match=error):
+        export.generate(make_book(tmp_path, {"a.ipynb": cells}))
+
+
+def test_one_notebook_writes_each_cpp_file(tmp_path):
+    with pytest.raises(ValueError, match="k.h is written by a.ipynb and b.ipynb"):
+        export.generate(make_book(tmp_path, {"a.ipynb": ["%%cpp k.h\nint a();"], "b.ipynb": ["%%cpp k.h\nint b();"]}))
+
+
 # Chapter snapshots: the package as the chapters before a notebook left it.
 
 SNAPSHOT_BOOK = {"a.ipynb": ["#| export toy_base\ndef version():\n    return 'a'\n\n\ndef fails():\n"
@@ -391,6 +417,34 @@ def test_open_chapter_in_ipython_serves_the_chapter_and_publishes_each_exported_
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "before: a" in done.stdout and "after: b 1" in done.stdout
+
+
+def test_cpp_cells_in_ipython_write_the_exported_file_and_a_cell_run_again_replaces_its_part(tmp_path):
+    root = make_book(tmp_path, {"c.ipynb": ["%%cpp k.h\nint a();", "%%cpp k.h\nint b();"]})
+    script = textwrap.dedent(f"""
+        import os
+        from pathlib import Path
+
+        from IPython.core.interactiveshell import InteractiveShell
+        from traitlets.config import Config
+        from rosellm_edu.book.chapter import open_chapter
+
+        config = Config()
+        config.HistoryManager.hist_file = ":memory:"
+        shell = InteractiveShell.instance(config=config)
+        open_chapter("c.ipynb", root=Path({str(root)!r}))
+        for cell_id, text in [("one", "int a();"), ("two", "int b();"), ("one", "int a2();"), ("one", "int a();")]:
+            shell.run_cell("%%cpp k.h\\n" + text, cell_id=cell_id)
+            print("written:", repr(Path(os.environ["ROSELLM_EDU_CPP_CELLS"], "k.h").read_text()))
+        print("refused:", shell.run_cell("%%cpp k.txt\\nx").error_in_exec)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    texts = [ast.literal_eval(line[9:]) for line in done.stdout.splitlines() if line.startswith("written: ")]
+    exported = export.generate(root)[root / "rosellm_edu/kernels/csrc/k.h"]
+    assert texts == [export.cpp_text("c.ipynb", [export.cpp_part("c.ipynb", 2, "int a();")]),
+                     exported, exported.replace("cell 2\nint a();", "a cell not saved as it ran\nint a2();"), exported]
+    assert "refused: '%%cpp' takes one file name" in done.stdout
 
 
 def test_add_to_class_sets_the_method_plain_or_wrapped():

@@ -96,7 +96,7 @@ def test_few_rows_linear_matches_a_float32_matmul_of_the_same_numbers(dtype, row
 def test_the_avx2_few_rows_loop_matches_a_float32_matmul():
     """Built without AVX-512, linear_few_rows takes the AVX2 loop (four rows of W at once); an AVX-512 machine
     runs the v16 loop natively, so this is where it tests the other one."""
-    avx2 = build_cpp("rosellm_edu_few_rows_avx2", cpu_fused.SOURCE, ["linear_few_rows", "few_rows_loop"], "skipped",
+    avx2 = build_cpp("rosellm_edu_few_rows_avx2", "pointwise.h", ["linear_few_rows", "few_rows_loop"], "skipped",
                      extra_cflags=("-fno-trapping-math", "-mno-avx512f"))
     assert "AVX2" in avx2.few_rows_loop()
     g = torch.Generator().manual_seed(0)

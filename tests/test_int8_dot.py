@@ -151,7 +151,7 @@ def test_engine_with_tiled_layers_decodes_as_it_prefills(monkeypatch):
 def test_the_avx2_build_computes_the_same_numbers():
     """On an AVX-512 machine the compiler picks vpdpbusd; built without AVX-512 (and AVX-VNNI) the loop takes
     AVX2's maddubs path, 8-bit codes as two nibbles. Both must equal the re-computation."""
-    avx2 = build_cpp("rosellm_edu_int4_avx2", cpu_quant.SOURCE, ["tiled_linear"], "skipped",
+    avx2 = build_cpp("rosellm_edu_int4_avx2", "quant.h", ["tiled_linear"], "skipped",
                      extra_cflags=("-fno-trapping-math", "-mno-avx512f", "-mno-avxvnni"))
     for layer, w in layers((48, 160), 7):
         layer.tile_()

@@ -3,23 +3,30 @@
 A notebook's first code cell calls ``open_chapter("03_continuous_batching.ipynb")``. From then on, importing a
 generated module of rosellm_edu gives its text folded from the earlier chapters only, a module that only a later
 chapter creates cannot be imported, and each ``#| export MODULE`` cell that runs without error puts what it
-defined into ``rosellm_edu.MODULE``, so that the chapter's later cells and imports see its current code.
+defined into ``rosellm_edu.MODULE``, so that the chapter's later cells and imports see its current code. A
+``%%cpp FILE`` cell adds its text to the C++ file FILE of this session, which build_cpp finds before the package's.
 Hand-written modules load from disk as usual; their imports of generated modules get the chapter's versions.
 """
 
 from __future__ import annotations
 
 import ast
+import atexit
 import importlib
 import importlib.abc
 import importlib.util
 import linecache
+import os
+import shutil
 import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
-from rosellm_edu.book.export import ROOT, cell_module, fold_chapters, load_book
+import nbformat
+
+from rosellm_edu.book.export import ROOT, cell_module, cpp_file, cpp_part, cpp_text, fold_chapters, load_book
 from rosellm_edu.book.fold import BOOK, PACKAGE, bound_names, target_names
 
 
@@ -36,7 +43,7 @@ class ChapterFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Serves rosellm_edu's generated modules as they stand when one chapter begins."""
 
     def __init__(self, notebook: str, root: Path = ROOT):
-        self.notebook = notebook
+        self.notebook, self.root = notebook, root
         self.sources = module_sources(notebook, root)
         self.built_in: dict[str, str] = {}  # generated module -> the first chapter that exports to it
         for chapter in load_book(root)[1]:
@@ -79,6 +86,8 @@ def open_chapter(notebook: str, root: Path = ROOT) -> None:
     shell = ipython()
     if shell is not None:
         shell.events.register("post_run_cell", publish_ran_cell)  # IPython registers a callback only once
+        shell.events.register("pre_run_cell", remember_cell)
+        shell.register_magic_function(cpp, "cell")
 
 
 @contextmanager
@@ -141,6 +150,34 @@ def publish_ran_cell(result) -> None:
     """IPython's post_run_cell callback."""
     if result.success:
         publish_cell(result.info.raw_cell, ipython().user_ns)
+
+
+cpp_parts: dict[str, dict[str, str]] = {}   # C++ file -> its cells' parts by cell id, in the order they first ran
+running_cell = None                          # IPython's ExecutionInfo of the cell running now
+
+
+def remember_cell(info) -> None:
+    """IPython's pre_run_cell callback: the cell about to run (its text, and its id where the front end sends one)."""
+    global running_cell
+    running_cell = info
+
+
+def cpp(line: str, cell: str) -> None:
+    """%%cpp FILE: this cell's text is a part of the C++ file FILE, after the parts of the cells that ran before it
+    (running a cell again replaces its part). The file, as the exporter would write it from the cells as they ran,
+    goes to a folder of this session named by ROSELLM_EDU_CPP_CELLS, where build_cpp looks first."""
+    file = cpp_file(line)
+    if "ROSELLM_EDU_CPP_CELLS" not in os.environ:
+        os.environ["ROSELLM_EDU_CPP_CELLS"] = folder = tempfile.mkdtemp(prefix="rosellm_edu_cpp_")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    finder = next(f for f in sys.meta_path if isinstance(f, ChapterFinder))
+    raw = running_cell.raw_cell.rstrip() if running_cell else None
+    saved = [c.source.rstrip() for c in nbformat.read(finder.root / "notebooks" / finder.notebook, as_version=4).cells]
+    index = saved.index(raw) + 1 if raw in saved else None
+    parts = cpp_parts.setdefault(file, {})
+    parts[getattr(running_cell, "cell_id", None) or raw or cell] = cpp_part(finder.notebook, index, cell)
+    text = cpp_text(finder.notebook, list(parts.values()))
+    Path(os.environ["ROSELLM_EDU_CPP_CELLS"], file).write_text(text, encoding="utf-8")
 
 
 def ipython():

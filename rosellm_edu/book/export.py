@@ -9,6 +9,9 @@ replaces a definition in place or adds a method to a class). Each generated item
 ``notebooks/NOTEBOOK, cell N``, where N counts every cell of the notebook from 1, markdown cells included.
 book.toml lists, for each chapter, exactly the modules its notebook exports to.
 
+A code cell whose first line is ``%%cpp FILE`` (e.g. ``%%cpp quant.h``) is C++: the cells of one notebook that name
+FILE, in order, make ``rosellm_edu/kernels/csrc/FILE``, each part under the cell it came from.
+
 Without ``--check``, changed files are written and generated files that no notebook exports any more are
 deleted. With ``--check``, nothing is written: it exits 1 and names every file that differs.
 """
@@ -28,6 +31,8 @@ from rosellm_edu.book.fold import COMMAND, GENERATED, PACKAGE, Cell, fold
 
 ROOT = Path(__file__).resolve().parents[2]
 DIRECTIVE = "#| export"
+CPP = "%%cpp"
+CPP_GENERATED = "// Generated from notebooks/"   # the first line of every generated C++ file starts so
 
 
 @dataclass
@@ -69,6 +74,46 @@ def exported_cells(notebook: str, root: Path = ROOT) -> list[Cell]:
     return cells
 
 
+def cpp_file(words: str) -> str:
+    """The file name after `%%cpp`, checked: one name, ending in .h or .cpp."""
+    if not re.fullmatch(r"\w+\.(h|cpp)", words.strip()):
+        raise ValueError(f"'{CPP}' takes one file name such as quant.h or attention.cpp, not {words.strip()!r}")
+    return words.strip()
+
+
+def cpp_part(notebook: str, index: int | None, body: str) -> str:
+    """One cell's part of a C++ file, under the cell it came from (index None: a cell that differs from the saved
+    notebook, as a reader's edit does until it is saved)."""
+    where = f"cell {index}" if index else "a cell not saved as it ran"
+    return f"// notebooks/{notebook}, {where}\n{body.rstrip()}\n"
+
+
+def cpp_text(notebook: str, parts: list[str]) -> str:
+    """A generated C++ file: its header, then the parts of its cells, a blank line apart."""
+    return (f"{CPP_GENERATED}{notebook} by `{COMMAND}`.\n"
+            "// Do not edit: change the notebook's `%%cpp` cells and export again. Each part names its cell.\n\n"
+            + "\n".join(parts))
+
+
+def cpp_sources(chapters: list[Chapter], root: Path = ROOT) -> dict[Path, str]:
+    """Each generated C++ file's path and text, from the `%%cpp FILE` cells of the one notebook that writes it."""
+    parts: dict[str, list[str]] = {}
+    writer: dict[str, str] = {}
+    for chapter in chapters:
+        for index, cell in enumerate(nbformat.read(root / "notebooks" / chapter.notebook, as_version=4).cells, 1):
+            first, _, body = cell.source.partition("\n")
+            if cell.cell_type != "code" or first.split(" ")[0] != CPP:
+                continue
+            try:
+                file = cpp_file(first[len(CPP):])
+            except ValueError as error:
+                raise ValueError(f"notebooks/{chapter.notebook}, cell {index}: {error}") from None
+            if writer.setdefault(file, chapter.notebook) != chapter.notebook:
+                raise ValueError(f"{file} is written by {writer[file]} and {chapter.notebook}: one notebook a file")
+            parts.setdefault(file, []).append(cpp_part(chapter.notebook, index, body))
+    return {root / PACKAGE / "kernels" / "csrc" / file: cpp_text(writer[file], texts) for file, texts in parts.items()}
+
+
 def for_the_library(body: str, notebook: str) -> str:
     """A cell's text as the package keeps it: "this chapter" names the chapter (fold drops the "NEW" marks)."""
     number = notebook.split("_")[0]
@@ -95,7 +140,8 @@ def module_path(module: str, root: Path = ROOT) -> Path:
 def generate(root: Path = ROOT) -> dict[Path, str]:
     """Every generated module's path and text."""
     _, chapters = load_book(root)
-    return {module_path(module, root): text for module, text in fold_chapters(chapters, root).items()}
+    modules = {module_path(module, root): text for module, text in fold_chapters(chapters, root).items()}
+    return modules | cpp_sources(chapters, root)
 
 
 def generated_on_disk(root: Path = ROOT) -> list[Path]:
@@ -104,7 +150,9 @@ def generated_on_disk(root: Path = ROOT) -> list[Path]:
         with path.open(encoding="utf-8") as file:
             return file.readline()
 
-    return sorted(p for p in (root / PACKAGE).rglob("*.py") if first_line(p).startswith(GENERATED))
+    python = [p for p in (root / PACKAGE).rglob("*.py") if first_line(p).startswith(GENERATED)]
+    cpp = [p for p in (root / PACKAGE / "kernels" / "csrc").glob("*") if first_line(p).startswith(CPP_GENERATED)]
+    return sorted(python + cpp)
 
 
 def differences(files: dict[Path, str], root: Path = ROOT) -> dict[Path, str]:

@@ -10,7 +10,8 @@ missing chapter or file, fails the build with the warning's text.
 
 A live widget needs a running kernel, so where an output carries both a widget view and a picture (chapter 01's
 explorer leaves one beside its widget), the site shows the picture; a widget with no picture (a progress bar) is
-left out. Nothing on a page is fetched from the web, and search works from the folder opened as files.
+left out. A `%%cpp FILE` cell is shown as what it is, C++ under its file's name. Nothing on a page is fetched
+from the web, and search works from the folder opened as files.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 import nbformat
 
 from rosellm_edu.book import readme
-from rosellm_edu.book.export import ROOT, Chapter, load_book
+from rosellm_edu.book.export import CPP, ROOT, Chapter, load_book
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # README's sections whose figures the landing page shows, rendered again from notebooks/data.
@@ -136,6 +137,15 @@ def without_live_widgets(notebook: nbformat.NotebookNode) -> nbformat.NotebookNo
     return notebook
 
 
+def cpp_as_cpp(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Each %%cpp cell (C++, no outputs) as a block highlighted as C++, under the line that names its file."""
+    for index, cell in enumerate(notebook.cells):
+        first, _, body = cell.source.partition("\n")
+        if cell.cell_type == "code" and first.split(" ")[0] == CPP:
+            notebook.cells[index] = nbformat.v4.new_markdown_cell(f"`{first}`\n```cpp\n{body}\n```")
+    return notebook
+
+
 def is_widget_only(output: nbformat.NotebookNode) -> bool:
     data = output.get("data", {})
     return WIDGET_VIEW in data and not any(key.startswith("image/") for key in data)
@@ -175,7 +185,7 @@ def stage(src: Path, root: Path) -> None:
     (src / "notebooks").mkdir()
     for chapter in chapters:
         notebook = nbformat.read(root / "notebooks" / chapter.notebook, as_version=4)
-        nbformat.write(without_live_widgets(notebook), src / "notebooks" / chapter.notebook)
+        nbformat.write(cpp_as_cpp(without_live_widgets(notebook)), src / "notebooks" / chapter.notebook)
         markdown = "\n".join(c.source for c in notebook.cells if c.cell_type == "markdown")
         files |= linked_files(markdown, root / "notebooks", root)
     for file in files:

@@ -1,0 +1,40 @@
+// Generated from notebooks/11b_native_decode.ipynb by `python -m rosellm_edu.book.export`.
+// Do not edit: change the notebook's `%%cpp` cells and export again. Each part names its cell.
+
+// notebooks/11b_native_decode.ipynb, cell 12
+#include "quant.h"
+
+// A Linear of a decode step: (weight, scales, bits). bits 0: a weight (N, K) in x's dtype, chapter 10's few-rows
+// loop (up to 4 rows); 4 or 8: tiles and their scales, chapter 11's int8-dot loop.
+using Linear = std::tuple<torch::Tensor, torch::Tensor, int64_t>;
+
+torch::Tensor step_linear(const torch::Tensor& x, const Linear& l) {
+  const auto& [w, dm, bits] = l;
+  return bits == 0 ? linear_few_rows(x, w) : tiled_linear(x, w, dm, bits);
+}
+
+// A decoder layer up to attention. x (rows, hidden), the previous layer's output, is added into residual (copied,
+// for the first layer: add false) and normalised, both in place. k and v go into their slots of this layer's
+// cache (slots, KV, d). Returns q (rows, H, d), rotated.
+torch::Tensor attention_in(torch::Tensor x, torch::Tensor residual, bool add, torch::Tensor norm, double eps,
+                           const Linear& qkv_proj, torch::Tensor positions, torch::Tensor cos, torch::Tensor sin,
+                           torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots) {
+  fused_add_rms_norm(x, residual, norm, eps, add);
+  const auto qkv = step_linear(x, qkv_proj);                                 // (rows, (H + 2 KV) d)
+  const int64_t d = cos.size(1), kv = k_cache.size(1), heads = qkv.size(1) / d - 2 * kv;
+  const auto split = qkv.view({x.size(0), heads + 2 * kv, d});              // (rows, H + 2 KV, d)
+  rotary_inplace(positions, split.narrow(1, 0, heads + kv), cos, sin);      // q and k in one pass
+  k_cache.index_copy_(0, slots, split.narrow(1, heads, kv));
+  v_cache.index_copy_(0, slots, split.narrow(1, heads + kv, kv));
+  return split.narrow(1, 0, heads).contiguous();
+}
+
+// notebooks/11b_native_decode.ipynb, cell 14
+// The rest: attn (rows, H, d) through o_proj, added into residual (in place) and normalised, then the MLP.
+// Returns the layer's output (rows, hidden), for the next layer to add.
+torch::Tensor attention_out(torch::Tensor attn, torch::Tensor residual, const Linear& o_proj, torch::Tensor norm,
+                            double eps, const Linear& gate_up_proj, const Linear& down_proj) {
+  auto x = step_linear(attn.view({attn.size(0), -1}), o_proj);              // (rows, hidden)
+  fused_add_rms_norm(x, residual, norm, eps, true);
+  return step_linear(silu_and_mul_out(step_linear(x, gate_up_proj)), down_proj);
+}
