@@ -112,7 +112,7 @@ def publish_cell(source: str, namespace: dict) -> ModuleType | None:
         return None
     module = imported_or_new(f"{PACKAGE}.{name}")
     for node in ast.parse(source.partition("\n")[2]).body:
-        extended = target_names(node.target) if isinstance(node, ast.AugAssign) else []   # SOURCE += "..."
+        extended = target_names(node.target) if isinstance(node, ast.AugAssign) else []   # NAMES += ...
         for bound in bound_names(node) + extended:
             if bound in namespace:
                 rebind(getattr(module, bound, None), namespace[bound])

@@ -74,6 +74,11 @@ def exported_cells(notebook: str, root: Path = ROOT) -> list[Cell]:
     return cells
 
 
+def is_cpp(cell) -> bool:
+    """Whether a notebook cell is C++: a code cell whose first line is `%%cpp FILE`."""
+    return cell.cell_type == "code" and cell.source.partition("\n")[0].split(" ")[0] == CPP
+
+
 def cpp_file(words: str) -> str:
     """The file name after `%%cpp`, checked: one name, ending in .h or .cpp."""
     if not re.fullmatch(r"\w+\.(h|cpp)", words.strip()):
@@ -101,9 +106,9 @@ def cpp_sources(chapters: list[Chapter], root: Path = ROOT) -> dict[Path, str]:
     writer: dict[str, str] = {}
     for chapter in chapters:
         for index, cell in enumerate(nbformat.read(root / "notebooks" / chapter.notebook, as_version=4).cells, 1):
-            first, _, body = cell.source.partition("\n")
-            if cell.cell_type != "code" or first.split(" ")[0] != CPP:
+            if not is_cpp(cell):
                 continue
+            first, _, body = cell.source.partition("\n")
             try:
                 file = cpp_file(first[len(CPP):])
             except ValueError as error:

@@ -28,7 +28,7 @@ from pathlib import Path
 import nbformat
 
 from rosellm_edu.book import readme
-from rosellm_edu.book.export import CPP, ROOT, Chapter, load_book
+from rosellm_edu.book.export import ROOT, Chapter, is_cpp, load_book
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # README's sections whose figures the landing page shows, rendered again from notebooks/data.
@@ -140,8 +140,8 @@ def without_live_widgets(notebook: nbformat.NotebookNode) -> nbformat.NotebookNo
 def cpp_as_cpp(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """Each %%cpp cell (C++, no outputs) as a block highlighted as C++, under the line that names its file."""
     for index, cell in enumerate(notebook.cells):
-        first, _, body = cell.source.partition("\n")
-        if cell.cell_type == "code" and first.split(" ")[0] == CPP:
+        if is_cpp(cell):
+            first, _, body = cell.source.partition("\n")
             notebook.cells[index] = nbformat.v4.new_markdown_cell(f"`{first}`\n```cpp\n{body}\n```")
     return notebook
 

@@ -33,7 +33,7 @@ def build_cpp(name: str, file: str, functions: list[str], fallback: str, extra_c
 
     dirs = include_dirs()
     found = {path.name: path for folder in reversed(dirs) for path in folder.glob("*.[ch]*")}   # the first dir's wins
-    texts = [f"{name}\0{path.read_text()}" for name, path in sorted(found.items())]
+    texts = [f"{base}\0{path.read_text()}" for base, path in sorted(found.items())]
     error = None
     for threads in ("-fopenmp", "-fopenmp-simd"):   # -fopenmp-simd: `omp simd` loops only, no threads
         flags = ["-O3", "-march=native", threads, *extra_cflags]
