@@ -26,6 +26,9 @@ transformers.logging.set_verbosity_error()
 
 # the tests that build a kernel without AVX-512, to check its AVX2 loop on any AVX2 machine
 requires_avx2 = pytest.mark.skipif("avx2" not in cpu_flags(), reason="the AVX2 build needs an AVX2 CPU")
+# the tests that read the embedded GGUF file or judge quality on the embedded model's own weights
+embedded_weights_only = pytest.mark.skipif("ROSELLM_EDU_TEST_MODEL" in os.environ,
+                                           reason="needs the embedded model's file and weights, not a stand-in")
 
 
 @pytest.fixture(scope="session")

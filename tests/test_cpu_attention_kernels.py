@@ -130,9 +130,9 @@ def test_paged_attention_attends_with_the_kernels(cached, new):
     assert_attention_matches_causal(PagedAttention, tables, cached, new)
 
 
-def test_engine_with_chunked_prefill_still_equals_transformers(hf_model):
+def test_engine_with_chunked_prefill_still_equals_transformers(hf_model, embedded_dir):
     prompts = ["The history of computing is long. " * 6 + "In short,", "def fibonacci(n):", "Paris is the"]
-    llm = LLM(dtype="float32", max_num_batched_tokens=24, block_size=8)
+    llm = LLM(str(embedded_dir), dtype="float32", max_num_batched_tokens=24, block_size=8)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     for out in llm.generate(prompts, params, use_tqdm=False):
         assert out.outputs[0].token_ids == hf_greedy(hf_model, out.prompt_token_ids, 6)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import requires_avx2
+from conftest import embedded_weights_only, requires_avx2
 from rosellm_edu import LLM, SamplingParams, timing
 from rosellm_edu.kernels import cpu_quant
 from rosellm_edu.kernels.build import build_cpp
@@ -127,6 +127,7 @@ def test_the_per_channel_race_is_measured_once_and_names_a_candidate():
     assert set(choice.seconds) == {"PyTorch's int8 op", "int8-dot"} and choice.name in choice.seconds
 
 
+@embedded_weights_only
 def test_engine_with_tiled_layers_decodes_as_it_prefills(monkeypatch):
     """The decode steps (1 to 8 rows: the int8-dot loop) and a prefill of the same tokens (more rows: the tiles
     expanded) pick the same greedy tokens: teacher-forced on the engine's own output."""

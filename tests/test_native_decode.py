@@ -16,6 +16,8 @@ from rosellm_edu.kernels import cpu_decode
 from rosellm_edu.layers.quantization import Int4Linear, Int8GroupLinear, Int8Linear, quantize_model
 from rosellm_edu.models import model_class
 
+from conftest import embedded_weights_only
+
 pytestmark = pytest.mark.skipif(cpu_decode.extension() is None, reason="no C++ compiler for the kernels")
 
 ROWS = {torch.float32: 4, torch.bfloat16: 4, "int4": 8, "int8": 8}
@@ -99,14 +101,14 @@ def test_a_step_of_more_rows_than_the_calls_take_runs_the_modules(monkeypatch):
     assert runner.native_decode(runner.input_ids[:5], runner.positions[:5], ctx(5)) is None
 
 
-@pytest.mark.parametrize("quantization", [None, "gguf"])
-def test_the_engine_gives_the_same_greedy_tokens_either_way(quantization, monkeypatch):
+@pytest.mark.parametrize("quantization", [None, pytest.param("gguf", marks=embedded_weights_only)])
+def test_the_engine_gives_the_same_greedy_tokens_either_way(quantization, monkeypatch, embedded_dir):
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     outputs = {}
     for way in ("modules", "native"):
         monkeypatch.setattr(model_runner, "choose", lambda key, calls, way=way: timing.Choice(way, {}))
-        llm = LLM(quantization=quantization, dtype="bfloat16", num_kv_blocks=64)
+        llm = LLM(str(embedded_dir), quantization=quantization, dtype="bfloat16", num_kv_blocks=64)
         llm.llm_engine.model.model.fusion = "cpp"
         outputs[way] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         tiled = all(getattr(l, "tiles", None) is not None for l in llm.llm_engine.model.modules()

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
-from conftest import hf_greedy
+from conftest import embedded_weights_only, hf_greedy
 from rosellm_edu import LLM, SamplingParams, model_loader, timing
 from rosellm_edu.entrypoints.cli import build_engine, serve_args
 from rosellm_edu.kernels import cpu_quant
@@ -147,6 +147,7 @@ def test_q8_0_is_within_half_a_step_of_every_weight(shape, seed, scale):
     assert ((dequantize_q8_0(q, d) - w).abs() <= step / 2 + 1e-3 * step + 1e-7).all()
 
 
+@embedded_weights_only
 def test_q8_0_finds_the_grid_a_q8_0_file_stored(gguf_tensors):
     qs, d = q8_0_tensors(gguf_tensors["token_embd.weight"].data)
     q, d2 = quantize_q8_0(dequantize_q8_0(qs[:512], d[:512]))
@@ -186,17 +187,17 @@ def test_int8_group_linear_runs_every_path_to_the_same_numbers(monkeypatch):
     assert "dense" not in tied.state_dict()
 
 
-def test_quantize_model_takes_a_llama_head_and_leaves_gpt2_tied(head_format):
+def test_quantize_model_takes_a_llama_head_and_leaves_gpt2_tied(head_format, embedded_dir):
     from rosellm_edu.benchmarks.decode import load, weight_bytes
 
     gpt2 = load("gpt2", torch.float32, torch.device("cpu"), "int4")
     assert isinstance(gpt2.h[0].mlp.c_fc, Int4Linear) and not hasattr(gpt2, "lm_head")
     assert weight_bytes(gpt2) > gpt2.wte.weight.numel() * 4                     # its table is its head: counted
     head_format("dense", torch.float32)
-    llama = model_loader.load_model(model_loader.resolve_model(), torch.float32, quantization="int4")
+    llama = model_loader.load_model(embedded_dir, torch.float32, quantization="int4")
     assert type(llama.lm_head) is nn.Linear and llama.lm_head.weight is llama.model.embed_tokens.weight
     head_format("Q8_0", torch.float32)
-    llama = model_loader.load_model(model_loader.resolve_model(), torch.float32, quantization="int4")
+    llama = model_loader.load_model(embedded_dir, torch.float32, quantization="int4")
     assert isinstance(llama.lm_head, Int8GroupLinear)
     assert llama.lm_head.dense.data_ptr() == llama.model.embed_tokens.weight.data_ptr()    # tied: no copy
     head = llama.lm_head.qs.numel() + 2 * llama.lm_head.d.numel()
@@ -233,6 +234,7 @@ def gguf_tensors():
     return {t.name: t for t in GGUFReader(model_loader.embedded_gguf()).tensors}
 
 
+@embedded_weights_only
 def test_q4_1_blocks_read_as_the_gguf_package_dequantizes_them(gguf_tensors):
     t = gguf_tensors["blk.3.ffn_down.weight"]
     assert t.tensor_type == GGMLQuantizationType.Q4_1
@@ -241,6 +243,7 @@ def test_q4_1_blocks_read_as_the_gguf_package_dequantizes_them(gguf_tensors):
     assert np.array_equal(ours, gguf_dequantize(t.data, GGMLQuantizationType.Q4_1).astype(np.float32))
 
 
+@embedded_weights_only
 @pytest.mark.parametrize("head", ["Q8_0", "dense"])
 def test_the_gguf_model_computes_what_the_converted_float32_model_computes(embedded_dir, our_model, gguf_tensors,
                                                                            head, head_format):
@@ -272,6 +275,7 @@ def test_head_choice_is_measured_once_per_dtype_and_names_a_candidate():
     assert set(cpu_quant.bf16_row_choice(8).seconds) == {"portable", "int8-dot"}   # no bfloat16 loop for 8 bits
 
 
+@embedded_weights_only
 @pytest.mark.parametrize("loop", ["portable", "int8-dot"])
 @pytest.mark.parametrize("method", ["int8", "int4", "gguf"])
 def test_bfloat16_activations_stay_close_to_float32(method, loop, our_model, tokenizer, monkeypatch):
@@ -291,6 +295,7 @@ def test_bfloat16_activations_stay_close_to_float32(method, loop, our_model, tok
     assert abs(scores["ppl"] - scores["ppl_reference"]) < 0.05 * scores["ppl_reference"]
 
 
+@embedded_weights_only
 def test_llm_with_the_gguf_as_it_ships_generates_what_transformers_generates(tokenizer, hf_model):
     llm = LLM(quantization="gguf", dtype="float32", num_kv_blocks=32)
     prompt = "The capital of France is"
@@ -298,6 +303,7 @@ def test_llm_with_the_gguf_as_it_ships_generates_what_transformers_generates(tok
     assert out.outputs[0].token_ids == hf_greedy(hf_model, tokenizer(prompt).input_ids, 16)
 
 
+@embedded_weights_only
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_quantized_engine_stays_close_to_float32_on_greedy_text(method, our_model, tokenizer):
     """Top-1 agreement with the float32 model, teacher-forced on its own greedy continuation."""
@@ -308,15 +314,15 @@ def test_quantized_engine_stays_close_to_float32_on_greedy_text(method, our_mode
     assert greedy_agreement(reference, quantized, max_tokens=16) >= 0.95
 
 
-def test_bad_quantization_is_refused_by_name(tmp_path):
+def test_bad_quantization_is_refused_by_name(tmp_path, embedded_dir):
     with pytest.raises(ValueError, match="'int3'"):
-        LLM(quantization="int3", num_kv_blocks=8)
+        LLM(str(embedded_dir), quantization="int3", num_kv_blocks=8)
     with pytest.raises(ValueError, match=r"\*\.gguf"):
         model_loader.gguf_file(tmp_path)
 
 
-def test_serve_quantization_flag_builds_a_quantized_engine():
-    engine = build_engine(serve_args(["--quantization", "int4", "--num-kv-blocks", "16", "--dtype", "float32"]))
+def test_serve_quantization_flag_builds_a_quantized_engine(embedded_dir):
+    engine = build_engine(serve_args(["--model", str(embedded_dir), "--quantization", "int4", "--num-kv-blocks", "16", "--dtype", "float32"]))
     assert isinstance(engine.model.model.layers[0].self_attn.qkv_proj, Int4Linear)
     with pytest.raises(SystemExit):
         serve_args(["--quantization", "fp4"])

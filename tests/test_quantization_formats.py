@@ -14,7 +14,7 @@ from gguf.quants import quantize as gguf_quantize
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import hf_greedy
+from conftest import embedded_weights_only, hf_greedy
 from rosellm_edu import LLM, SamplingParams
 from rosellm_edu.layers.quantization import dequantize_int4, quantize_int4, quantize_int8, quantize_q8_0
 from rosellm_edu.layers.quantization_formats import (FORMATS, decoder_linears, dequantize_q4_0, fake_quantize_model,
@@ -108,6 +108,7 @@ def test_weights_on_a_q4_1_grid_come_back_exactly_on_their_own_grid():
     assert not torch.equal(FORMATS["Q4_1 / 64"].fake_quantize(w), w)          # one grid for two: it rounds
 
 
+@embedded_weights_only
 def test_the_embedded_models_linears_are_on_their_own_q4_1_grid(our_model):
     for linear in decoder_linears(our_model):
         assert torch.equal(FORMATS["Q4_1 / 32"].fake_quantize(linear.weight.data), linear.weight.data)
@@ -126,8 +127,9 @@ def test_fake_quantize_model_rounds_every_decoder_linear_and_nothing_else(our_mo
     assert model_bits_per_weight(our_model, FORMATS["int8 / row"]) == pytest.approx(int8)
 
 
-def test_int4_engine_in_float32_generates_transformers_float32_greedy_tokens(tokenizer, hf_model):
-    llm = LLM(quantization="int4", dtype="float32", num_kv_blocks=32)
+@embedded_weights_only
+def test_int4_engine_in_float32_generates_transformers_float32_greedy_tokens(tokenizer, hf_model, embedded_dir):
+    llm = LLM(str(embedded_dir), quantization="int4", dtype="float32", num_kv_blocks=32)
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
     for prompt, out in zip(prompts, llm.generate(prompts, params, use_tqdm=False)):

@@ -14,6 +14,8 @@ Parts, each written to DIR/gpu_<part>.json with the GPU, driver, versions, date 
   profile      a decode step of the Llama shape at batch 256 under torch.profiler: its kernels' time
   splits       split-k decode attention with its split count from the table's width or from the contexts
   tests        the test files with CUDA paths (chapter 09's kernels compiled on the GPU), through pytest
+  cpu          the C++ kernels' test files on this machine's CPU, 2 threads a worker: its AVX-512, VNNI or AMX
+               paths, which a 2-core AVX2 machine never runs
 
 --smoke runs every part at toy sizes on whatever device is here (a CPU: no graphs), to check the script itself.
 """
@@ -42,7 +44,7 @@ from rosellm_edu.benchmarks import decode, sampler as sampler_bench
 from rosellm_edu.benchmarks.machine import device_name
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-PARTS = ("correctness", "decode", "engine", "llama", "sampler", "profile", "splits", "tests")
+PARTS = ("correctness", "decode", "engine", "llama", "sampler", "profile", "splits", "tests", "cpu")
 
 
 def shapes(smoke: bool) -> dict:
@@ -384,21 +386,45 @@ def part_sampler(args, device, models) -> dict:
     return {"rows": rows, "logit_scale": 5.0}
 
 
-def part_tests(args, device, models) -> dict:
-    """pytest over the files whose CUDA paths a CPU cannot run; the model-runner test reads a SmolLM2-shaped
+def run_pytest(args, models, files: list[str], *options: str, **env: str) -> dict:
+    """pytest over `files` in a subprocess; the tests that read the embedded model read a SmolLM2-shaped
     random-weight checkpoint (ROSELLM_EDU_TEST_MODEL) since the embedded model does not travel."""
     import os
 
-    files = ["tests/test_triton_kernels.py", "tests/test_paged_decode_kernels.py",
-             "tests/test_logits_processors.py::test_no_device_to_host_sync_on_a_gpu",
-             "tests/test_model_runner.py::test_graph_replay_equals_eager_decode_for_every_bucket",
-             "tests/test_model_runner.py::test_a_decode_step_waits_for_the_gpu_once"]
-    env = dict(os.environ, ROSELLM_EDU_TEST_MODEL=str(models["smollm2"]), HF_HUB_OFFLINE="1")
+    env = dict(os.environ, ROSELLM_EDU_TEST_MODEL=str(models["smollm2"]), HF_HUB_OFFLINE="1", **env)
     start = time.perf_counter()
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *files],
-                         capture_output=True, text=True, env=env, timeout=args.tests_timeout)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *options,
+                          *files], capture_output=True, text=True, env=env, timeout=args.tests_timeout)
     return {"files": files, "returncode": run.returncode, "seconds": time.perf_counter() - start,
             "summary": run.stdout.strip().splitlines()[-1:], "output_tail": (run.stdout + run.stderr)[-6000:]}
+
+
+def part_tests(args, device, models) -> dict:
+    """pytest over the files whose CUDA paths a CPU cannot run."""
+    return run_pytest(args, models, ["tests/test_triton_kernels.py", "tests/test_paged_decode_kernels.py",
+                                     "tests/test_logits_processors.py::test_no_device_to_host_sync_on_a_gpu",
+                                     "tests/test_model_runner.py::test_graph_replay_equals_eager_decode_for_every_bucket",
+                                     "tests/test_model_runner.py::test_a_decode_step_waits_for_the_gpu_once"])
+
+
+def part_cpu(args, device, models) -> dict:
+    """pytest over the C++ kernels' files on the host CPU, each compiled with -march=native for it; workers in
+    parallel where pytest-xdist is installed, each with 2 threads as a reader's laptop has. The Triton kernels'
+    cases are left to the tests part, on the GPU."""
+    import importlib.util
+    import os
+
+    from rosellm_edu.benchmarks.machine import DECIDING_FLAGS, cpu_flags, device_name
+
+    files = ["tests/test_build_cpp.py", "tests/test_paged_decode_kernels.py", "tests/test_cpu_attention_kernels.py",
+             "tests/test_fused_pointwise.py", "tests/test_int8_dot.py", "tests/test_quantization.py",
+             "tests/test_quantization_formats.py", "tests/test_native_decode.py"]
+    workers = min(8, max(1, (os.cpu_count() or 2) // 2)) if importlib.util.find_spec("xdist") else 1
+    options = ("-n", str(workers)) if workers > 1 else ()
+    run = run_pytest(args, models, files, "-k", "not triton", *options, OMP_NUM_THREADS="2", CUDA_VISIBLE_DEVICES="",
+                     TORCH_EXTENSIONS_DIR=tempfile.mkdtemp(prefix="rosellm_cpu_ext_"))
+    return {"cpu": device_name(), "flags": sorted(f for f in DECIDING_FLAGS if f in cpu_flags()),
+            "cores": os.cpu_count(), "workers": workers, **run}
 
 
 def part_profile(args, device, models) -> dict:
@@ -466,7 +492,8 @@ def part_splits(args, device, models) -> dict:
 # ---- the run ----------------------------------------------------------------------------------------------------
 
 RUNNERS = {"correctness": part_correctness, "decode": part_decode, "engine": part_engine, "llama": part_llama,
-           "sampler": part_sampler, "profile": part_profile, "splits": part_splits, "tests": part_tests}
+           "sampler": part_sampler, "profile": part_profile, "splits": part_splits, "tests": part_tests,
+           "cpu": part_cpu}
 
 
 def main(argv=None) -> None:

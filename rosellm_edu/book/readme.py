@@ -332,15 +332,22 @@ def render_gpu(ms: list[Machine]) -> str:
              ", ".join(f"{k}: {v['equal']}/{v['prompts']}" for k, v in greedy.items()), "same run"],
             ["the test files with CUDA paths (pytest)", *tests["summary"], "same run"],
         ]
+        host = m.data("gpu_cpu")
+        if host:
+            rows.append([f"the C++ kernels' test files on the host CPU ({host['cpu']}: "
+                         f"{', '.join(name for f, name in DECIDING_FLAGS.items() if f in host['flags'])}), 2 threads a worker (pytest)",
+                         *host["summary"], "random weights: the tests that need the embedded model's own are skipped"])
         text += (("\n" if text else "") + f"{h['device']}, driver {h.get('driver')}, torch {h['torch']}, CUDA {h['cuda']}, "
                  f"{h['date'][:10]}; random weights of each named shape, bfloat16, CUDA graphs on:\n\n"
                  + table(["what", "measured", "for comparison"], rows, 1)
                  + f"\nRecorded with `{h['command']}` (`--tokenizer`, `--smollm2-config`: the embedded model's files, "
                  "which are the defaults where the package is set up).\n")
-        rechecked = {d["header"]["command"]: d["header"]["date"][:10] for d in (checks, tests)
-                     if d["header"]["command"] != h["command"]}
-        text += "".join(f"The last three rows (the correctness and tests parts) are from a later run, {date}: `{command}`.\n"
-                        for command, date in rechecked.items())
+        later: dict[tuple[str, str], list[str]] = {}
+        for part, d in (("correctness", checks), ("tests", tests), ("cpu", host)):
+            if d and d["header"]["command"] != h["command"]:
+                later.setdefault((d["header"]["command"], d["header"]["date"][:10]), []).append(part)
+        text += "".join(f"The rows of the {' and '.join(parts)} part{'s' if len(parts) > 1 else ''} are from a later "
+                        f"run, {date}: `{command}`.\n" for (command, date), parts in later.items())
     return text
 
 
