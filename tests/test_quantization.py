@@ -322,7 +322,8 @@ def test_bad_quantization_is_refused_by_name(tmp_path, embedded_dir):
 
 
 def test_serve_quantization_flag_builds_a_quantized_engine(embedded_dir):
-    engine = build_engine(serve_args(["--model", str(embedded_dir), "--quantization", "int4", "--num-kv-blocks", "16", "--dtype", "float32"]))
+    engine = build_engine(serve_args(["--model", str(embedded_dir), "--quantization", "int4", "--num-kv-blocks", "16",
+                                      "--dtype", "float32"]))
     assert isinstance(engine.model.model.layers[0].self_attn.qkv_proj, Int4Linear)
     with pytest.raises(SystemExit):
         serve_args(["--quantization", "fp4"])

@@ -128,8 +128,8 @@ def test_fake_quantize_model_rounds_every_decoder_linear_and_nothing_else(our_mo
 
 
 @embedded_weights_only
-def test_int4_engine_in_float32_generates_transformers_float32_greedy_tokens(tokenizer, hf_model, embedded_dir):
-    llm = LLM(str(embedded_dir), quantization="int4", dtype="float32", num_kv_blocks=32)
+def test_int4_engine_in_float32_generates_transformers_float32_greedy_tokens(tokenizer, hf_model):
+    llm = LLM(quantization="int4", dtype="float32", num_kv_blocks=32)
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
     for prompt, out in zip(prompts, llm.generate(prompts, params, use_tqdm=False)):

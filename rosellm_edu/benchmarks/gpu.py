@@ -401,10 +401,11 @@ def run_pytest(args, models, files: list[str], *options: str, **env: str) -> dic
 
 def part_tests(args, device, models) -> dict:
     """pytest over the files whose CUDA paths a CPU cannot run."""
-    return run_pytest(args, models, ["tests/test_triton_kernels.py", "tests/test_paged_decode_kernels.py",
-                                     "tests/test_logits_processors.py::test_no_device_to_host_sync_on_a_gpu",
-                                     "tests/test_model_runner.py::test_graph_replay_equals_eager_decode_for_every_bucket",
-                                     "tests/test_model_runner.py::test_a_decode_step_waits_for_the_gpu_once"])
+    files = ["tests/test_triton_kernels.py", "tests/test_paged_decode_kernels.py",
+             "tests/test_logits_processors.py::test_no_device_to_host_sync_on_a_gpu",
+             "tests/test_model_runner.py::test_graph_replay_equals_eager_decode_for_every_bucket",
+             "tests/test_model_runner.py::test_a_decode_step_waits_for_the_gpu_once"]
+    return run_pytest(args, models, files)
 
 
 def part_cpu(args, device, models) -> dict:
@@ -414,7 +415,7 @@ def part_cpu(args, device, models) -> dict:
     import importlib.util
     import os
 
-    from rosellm_edu.benchmarks.machine import DECIDING_FLAGS, cpu_flags, device_name
+    from rosellm_edu.benchmarks.machine import machine_record
 
     files = ["tests/test_build_cpp.py", "tests/test_paged_decode_kernels.py", "tests/test_cpu_attention_kernels.py",
              "tests/test_fused_pointwise.py", "tests/test_int8_dot.py", "tests/test_quantization.py",
@@ -423,8 +424,8 @@ def part_cpu(args, device, models) -> dict:
     options = ("-n", str(workers)) if workers > 1 else ()
     run = run_pytest(args, models, files, "-k", "not triton", *options, OMP_NUM_THREADS="2", CUDA_VISIBLE_DEVICES="",
                      TORCH_EXTENSIONS_DIR=tempfile.mkdtemp(prefix="rosellm_cpu_ext_"))
-    return {"cpu": device_name(), "flags": sorted(f for f in DECIDING_FLAGS if f in cpu_flags()),
-            "cores": os.cpu_count(), "workers": workers, **run}
+    cpu = machine_record()
+    return {"cpu": cpu["device"], "flags": cpu["deciding_flags"], "cores": cpu["cores"], "workers": workers, **run}
 
 
 def part_profile(args, device, models) -> dict:

@@ -334,8 +334,9 @@ def render_gpu(ms: list[Machine]) -> str:
         ]
         host = m.data("gpu_cpu")
         if host:
-            rows.append([f"the C++ kernels' test files on the host CPU ({host['cpu']}: "
-                         f"{', '.join(name for f, name in DECIDING_FLAGS.items() if f in host['flags'])}), 2 threads a worker (pytest)",
+            flags = ", ".join(name for flag, name in DECIDING_FLAGS.items() if flag in host["flags"])
+            rows.append([f"the C++ kernels' test files on the host CPU ({host['cpu']}: {flags}), 2 threads a worker "
+                         "(pytest)",
                          *host["summary"], "random weights: the tests that need the embedded model's own are skipped"])
         text += (("\n" if text else "") + f"{h['device']}, driver {h.get('driver')}, torch {h['torch']}, CUDA {h['cuda']}, "
                  f"{h['date'][:10]}; random weights of each named shape, bfloat16, CUDA graphs on:\n\n"
