@@ -56,7 +56,7 @@ def test_varlen_prefill_matches_gathered_reference(dtype, heads, kv_heads, block
     torch.testing.assert_close(out.float(), ref, atol=TOL[dtype], rtol=TOL[dtype])
 
 
-@pytest.mark.parametrize("tile, partition", [(1, 0), (5, 64), (32, 128), (64, 64), (16, 10_000)])
+@pytest.mark.parametrize("tile, partition", [(1, 0), (1, 10), (5, 64), (3, 100), (32, 128), (64, 64), (16, 10_000)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_tiles_and_forced_splits_give_the_same_attention(tile, partition, dtype):
     computed, new = [250, 0, 17, 100], [40, 33, 1, 64]                     # chunks at offsets, a prompt, a decode

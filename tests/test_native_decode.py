@@ -75,6 +75,18 @@ def test_the_native_step_computes_what_the_modules_compute(kind):
         assert torch.equal(runner.kv_cache.k, k) and torch.equal(runner.kv_cache.v, v)
 
 
+def test_a_slot_outside_the_cache_is_refused_and_nothing_is_written():
+    model, gen = tiny_model(torch.float32), torch.Generator().manual_seed(3)
+    runner = runner_at(model, 2, gen)
+    native = NativeDecode.build(model, runner.kv_cache)
+    ctx = runner.decode_attention(2, 4)
+    k, v = runner.kv_cache.k.clone(), runner.kv_cache.v.clone()
+    runner.slot_mapping[1] = runner.kv_cache.k.shape[1]                   # one past the last slot
+    with torch.no_grad(), pytest.raises(RuntimeError, match="outside the cache"):
+        native(runner.input_ids[:2], runner.positions[:2], ctx)
+    assert torch.equal(runner.kv_cache.k, k) and torch.equal(runner.kv_cache.v, v)
+
+
 def test_models_the_calls_cannot_run_are_refused():
     cache = lambda m: KVCache(m.config, 4, 4, next(m.parameters()).dtype)
     assert NativeDecode.build(tiny_model(torch.float32, bias=True), cache(tiny_model(torch.float32))) is None

@@ -377,9 +377,10 @@ std::vector<Item> plan(const int32_t* lens, const int32_t* cu, int64_t seqs, int
     longest = std::max<int64_t>(longest, lens[i]);
   }
   const int64_t want = 4 * at::get_num_threads(), units = tiles * (kv_heads / per_item);
-  if (part <= 0)       // auto: split only when there are fewer items than cores to feed, into >= 256 keys each
-    part = units >= want ? longest : std::max<int64_t>(256, (longest * units + want - 1) / want);
-  part = (part + KC - 1) / KC * KC;
+  if (part <= 0) {     // auto: split only when there are fewer items than cores to feed, into >= KC keys each
+    const int64_t pieces = std::min((want + units - 1) / units, std::max<int64_t>(1, longest / KC));
+    part = units >= want ? longest : (longest + pieces - 1) / pieces;
+  }
   splits = (longest + part - 1) / part;
   std::vector<Item> items;
   for (int64_t i = 0; i < seqs; ++i)

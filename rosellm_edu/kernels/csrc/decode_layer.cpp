@@ -13,6 +13,21 @@ torch::Tensor step_linear(const torch::Tensor& x, const Linear& l) {
   return bits == 0 ? linear_few_rows(x, w) : tiled_linear(x, w, dm, bits);
 }
 
+// src (rows, KV, d) into rows slots[r] of cache (slots, KV, d): a copy a row, where index_copy_'s checks and
+// iterator cost more than the few hundred bytes a decode step writes.
+void write_slots(const torch::Tensor& src, torch::Tensor& cache, const torch::Tensor& slots) {
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == src.size(0) &&
+              cache.is_contiguous() && src.stride(2) == 1 && src.stride(1) == src.size(2) &&
+              cache.scalar_type() == src.scalar_type(), "write_slots: int64 slots, one a row, rows as the cache's");
+  const int64_t bytes = src.size(1) * src.size(2) * src.element_size(), rows = cache.size(0);
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t r = 0; r < src.size(0); ++r)                                // all checked before any is written
+    TORCH_CHECK(slot[r] >= 0 && slot[r] < rows, "slot ", slot[r], " is outside the cache's ", rows);
+  for (int64_t r = 0; r < src.size(0); ++r)
+    std::memcpy(static_cast<char*>(cache.data_ptr()) + slot[r] * bytes,
+                static_cast<const char*>(src.data_ptr()) + r * src.stride(0) * src.element_size(), bytes);
+}
+
 // A decoder layer up to attention. x (rows, hidden), the previous layer's output, is added into residual (copied,
 // for the first layer: add false) and normalised, both in place. k and v go into their slots of this layer's
 // cache (slots, KV, d). Returns q (rows, H, d), rotated.
@@ -24,8 +39,8 @@ torch::Tensor attention_in(torch::Tensor x, torch::Tensor residual, bool add, to
   const int64_t d = cos.size(1), kv = k_cache.size(1), heads = qkv.size(1) / d - 2 * kv;
   const auto split = qkv.view({x.size(0), heads + 2 * kv, d});              // (rows, H + 2 KV, d)
   rotary_inplace(positions, split.narrow(1, 0, heads + kv), cos, sin);      // q and k in one pass
-  k_cache.index_copy_(0, slots, split.narrow(1, heads, kv));
-  v_cache.index_copy_(0, slots, split.narrow(1, heads + kv, kv));
+  write_slots(split.narrow(1, heads, kv), k_cache, slots);
+  write_slots(split.narrow(1, heads + kv, kv), v_cache, slots);
   return split.narrow(1, 0, heads).contiguous();
 }
 
