@@ -11,11 +11,11 @@ from rosellm_edu.layers.quantization import Int4Linear, Int8GroupLinear, Int8Lin
 from rosellm_edu.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel
 
 
-# notebooks/11b_native_decode.ipynb, cell 17
+# notebooks/11b_native_decode.ipynb, cell 18
 NO_SCALES = torch.empty(0)
 
 
-# notebooks/11b_native_decode.ipynb, cell 17
+# notebooks/11b_native_decode.ipynb, cell 18
 def native_linear(layer: nn.Module) -> tuple[tuple, int] | None:
     """(weight, scales, bits), as the two calls take a Linear, and the most rows its loop takes; None for one
     they do not run (a bias, shapes the loops do not tile, a quantized layer not in tiles)."""
@@ -27,7 +27,7 @@ def native_linear(layer: nn.Module) -> tuple[tuple, int] | None:
     return None
 
 
-# notebooks/11b_native_decode.ipynb, cell 17
+# notebooks/11b_native_decode.ipynb, cell 18
 def native_layer(layer: nn.Module) -> tuple[tuple, int] | None:
     """A decoder layer's fixed arguments of attention_in and attention_out, and the most rows they take."""
     if (type(layer), type(layer.self_attn), type(layer.mlp)) != (LlamaDecoderLayer, LlamaAttention, LlamaMLP):
@@ -41,7 +41,7 @@ def native_layer(layer: nn.Module) -> tuple[tuple, int] | None:
     return (norm_in.weight, norm_in.eps, qkv, o, norm_out.weight, norm_out.eps, gate_up, down), min(rows)
 
 
-# notebooks/11b_native_decode.ipynb, cell 18
+# notebooks/11b_native_decode.ipynb, cell 19
 class NativeDecode:
     """A Llama's decode step on a CPU, issued as two native calls a layer around chapter 09's attention kernel:
     up to max_rows sequences, one new token each, over one KV cache."""
@@ -69,7 +69,7 @@ class NativeDecode:
         args, rows = zip(*layers)
         return cls(model, kv_cache.k, kv_cache.v, kv_cache.block_size, list(args), min(rows))
 
-    # notebooks/11b_native_decode.ipynb, cell 19
+    # notebooks/11b_native_decode.ipynb, cell 20
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
         """input_ids, positions (rows,), one new token per sequence; ctx the step's PagedAttention, every sequence
         decoding. Returns the hidden states (rows, hidden), as the model's forward does."""

@@ -7,7 +7,7 @@ import functools
 from rosellm_edu.kernels.build import build_cpp
 
 
-# notebooks/11b_native_decode.ipynb, cell 15
+# notebooks/11b_native_decode.ipynb, cell 16
 @functools.cache
 def extension():
     """The two calls of a decode layer, or None where they cannot be built (steps then run the model's modules)."""

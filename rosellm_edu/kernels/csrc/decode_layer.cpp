@@ -28,6 +28,7 @@ void write_slots(const torch::Tensor& src, torch::Tensor& cache, const torch::Te
                 static_cast<const char*>(src.data_ptr()) + r * src.stride(0) * src.element_size(), bytes);
 }
 
+// notebooks/11b_native_decode.ipynb, cell 13
 // A decoder layer up to attention. x (rows, hidden), the previous layer's output, is added into residual (copied,
 // for the first layer: add false) and normalised, both in place. k and v go into their slots of this layer's
 // cache (slots, KV, d). Returns q (rows, H, d), rotated.
@@ -44,7 +45,7 @@ torch::Tensor attention_in(torch::Tensor x, torch::Tensor residual, bool add, to
   return split.narrow(1, 0, heads).contiguous();
 }
 
-// notebooks/11b_native_decode.ipynb, cell 14
+// notebooks/11b_native_decode.ipynb, cell 15
 // The rest: attn (rows, H, d) through o_proj, added into residual (in place) and normalised, then the MLP.
 // Returns the layer's output (rows, hidden), for the next layer to add.
 torch::Tensor attention_out(torch::Tensor attn, torch::Tensor residual, const Linear& o_proj, torch::Tensor norm,
