@@ -18,11 +18,12 @@ torch::Tensor step_linear(const torch::Tensor& x, const Linear& l) {
 void write_slots(const torch::Tensor& src, torch::Tensor& cache, const torch::Tensor& slots) {
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == src.size(0) &&
               cache.is_contiguous() && src.stride(2) == 1 && src.stride(1) == src.size(2) &&
+              src.size(1) == cache.size(1) && src.size(2) == cache.size(2) &&
               cache.scalar_type() == src.scalar_type(), "write_slots: int64 slots, one a row, rows as the cache's");
-  const int64_t bytes = src.size(1) * src.size(2) * src.element_size(), rows = cache.size(0);
+  const int64_t bytes = src.size(1) * src.size(2) * src.element_size(), n_slots = cache.size(0);
   const int64_t* slot = slots.data_ptr<int64_t>();
   for (int64_t r = 0; r < src.size(0); ++r)                                // all checked before any is written
-    TORCH_CHECK(slot[r] >= 0 && slot[r] < rows, "slot ", slot[r], " is outside the cache's ", rows);
+    TORCH_CHECK(slot[r] >= 0 && slot[r] < n_slots, "slot ", slot[r], " is outside the cache's ", n_slots);
   for (int64_t r = 0; r < src.size(0); ++r)
     std::memcpy(static_cast<char*>(cache.data_ptr()) + slot[r] * bytes,
                 static_cast<const char*>(src.data_ptr()) + r * src.stride(0) * src.element_size(), bytes);
