@@ -67,6 +67,18 @@ struct Scratch {
       : q((R + 3) / 4 * 4 * d), acc(q.size()), m(R), l(R), s((R + 3) / 4 * 4 * KC), kt(d * KC), kv(KC * d) {}
 };
 
+// This thread's n Scratches for tiles of R rows, kept from call to call: allocating and zeroing ~36 KB a kv head
+// in every call cost more than a short context's whole decode.
+inline Scratch* thread_scratch(int64_t n, int64_t R, int64_t d) {
+  thread_local std::vector<Scratch> kept;
+  thread_local int64_t kept_R = -1, kept_d = -1;
+  if (kept_R != R || kept_d != d || int64_t(kept.size()) < n) {
+    kept.assign(std::max<int64_t>(n, kept.size()), Scratch(R, d));
+    kept_R = R, kept_d = d;
+  }
+  return kept.data();
+}
+
 // notebooks/09_attention_kernels.ipynb, cell 18
 // Scores s (R, n) of one chunk of n keys at offsets w.off, for a decode's few rows: a dot product per (row, key),
 // four keys at a time so that four sums are in flight while each waits for its additions.
@@ -378,7 +390,8 @@ std::vector<Item> plan(const int32_t* lens, const int32_t* cu, int64_t seqs, int
   }
   const int64_t want = 4 * at::get_num_threads(), units = tiles * (kv_heads / per_item);
   if (part <= 0) {     // auto: split only when there are fewer items than cores to feed, into >= KC keys each
-    const int64_t pieces = std::min((want + units - 1) / units, std::max<int64_t>(1, longest / KC));
+    int64_t pieces = std::min((want + units - 1) / units, std::max<int64_t>(1, longest / KC));
+    while (pieces > 1 && units * pieces % at::get_num_threads() != 0) --pieces;   // as many items on every core
     part = units >= want ? longest : (longest + pieces - 1) / pieces;
   }
   splits = (longest + part - 1) / part;
@@ -432,14 +445,14 @@ void paged_attention(const T* q, const T* k, const T* v, const int32_t* tables, 
   std::vector<float> pm, pl, pacc;           // partial results (tokens, heads, splits [, d])
   if (splits > 1) { pm.assign(tokens * heads * splits, NEG_INF); pl.resize(pm.size()); pacc.resize(pm.size() * d); }
   at::parallel_for(0, int64_t(items.size()), 1, [&](int64_t begin, int64_t end) {
-    std::vector<Scratch> ws(per_item, Scratch(tile * group, d));
+    Scratch* ws = thread_scratch(per_item, tile * group, d);
     for (int64_t it = begin; it < end; ++it) {
       const Item& x = items[it];
       const int64_t R = x.nq * group, pos0 = lens[x.seq] - (cu[x.seq + 1] - cu[x.seq]) + (x.q0 - cu[x.seq]);
       const Paged<T> pg{k, v, tables + x.seq * stride, bs, kv_heads * d, d};
       for (int64_t h = x.h0; h < x.h1; ++h) start_tile(q, ws[h - x.h0], x, h, heads, group, d, scale);
       const int64_t k0 = x.split * part, k1 = std::min(k0 + part, pos0 + x.nq);
-      attend_range(pg, ws.data(), x.h0, x.h1, x.nq, group, pos0, k0, k1);
+      attend_range(pg, ws, x.h0, x.h1, x.nq, group, pos0, k0, k1);
       for (int64_t h = x.h0; h < x.h1; ++h)
       for (int64_t r = 0; r < R; ++r) {
         const Scratch& w = ws[h - x.h0];
@@ -475,7 +488,7 @@ torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
   const int64_t seqs = context_lens.size(0);
   TORCH_CHECK(context_lens.is_contiguous() && cu_query_lens.is_contiguous() && cu_query_lens.size(0) == seqs + 1 &&
               block_tables.size(0) == seqs, "cu_query_lens must have seqs + 1 entries, block_tables seqs rows");
-  TORCH_CHECK(cu_query_lens[seqs].item<int64_t>() == q.size(0), "cu_query_lens[-1] must equal q's token count");
+  TORCH_CHECK(cu_query_lens.data_ptr<int32_t>()[seqs] == q.size(0), "cu_query_lens[-1] must equal q's token count");
   TORCH_CHECK(tile >= 1, "tile must be >= 1");
   auto out = torch::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "varlen_attention", [&] {
