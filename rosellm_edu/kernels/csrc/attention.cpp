@@ -71,11 +71,8 @@ struct Scratch {
 // in every call cost more than a short context's whole decode.
 inline Scratch* thread_scratch(int64_t n, int64_t R, int64_t d) {
   thread_local std::vector<Scratch> kept;
-  thread_local int64_t kept_R = -1, kept_d = -1;
-  if (kept_R != R || kept_d != d || int64_t(kept.size()) < n) {
-    kept.assign(std::max<int64_t>(n, kept.size()), Scratch(R, d));
-    kept_R = R, kept_d = d;
-  }
+  if (int64_t(kept.size()) < n || int64_t(kept[0].m.size()) != R || int64_t(kept[0].kt.size()) != d * KC)
+    kept.assign(std::max<int64_t>(n, kept.size()), Scratch(R, d));           // m holds R floats, kt d * KC
   return kept.data();
 }
 
@@ -388,10 +385,10 @@ std::vector<Item> plan(const int32_t* lens, const int32_t* cu, int64_t seqs, int
     tiles += (cu[i + 1] - cu[i] + tile - 1) / tile;
     longest = std::max<int64_t>(longest, lens[i]);
   }
-  const int64_t want = 4 * at::get_num_threads(), units = tiles * (kv_heads / per_item);
+  const int64_t threads = at::get_num_threads(), want = 4 * threads, units = tiles * (kv_heads / per_item);
   if (part <= 0) {     // auto: split only when there are fewer items than cores to feed, into >= KC keys each
     int64_t pieces = std::min((want + units - 1) / units, std::max<int64_t>(1, longest / KC));
-    while (pieces > 1 && units * pieces % at::get_num_threads() != 0) --pieces;   // as many items on every core
+    while (pieces > 1 && units * pieces % threads != 0) --pieces;       // as many items on every core
     part = units >= want ? longest : (longest + pieces - 1) / pieces;
   }
   splits = (longest + part - 1) / part;
