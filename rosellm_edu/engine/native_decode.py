@@ -5,17 +5,17 @@
 import torch
 from torch import nn
 
-from rosellm_edu.kernels import cpu_attention, cpu_decode
+from rosellm_edu.kernels import cpu_decode
 from rosellm_edu.kernels.cpu_fused import FEW_ROWS, few_rows_fits
 from rosellm_edu.layers.quantization import Int4Linear, Int8GroupLinear, Int8Linear, TILED_ROWS
 from rosellm_edu.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel
 
 
-# notebooks/11b_native_decode.ipynb, cell 18
+# notebooks/11b_native_decode.ipynb, cell 19
 NO_SCALES = torch.empty(0)
 
 
-# notebooks/11b_native_decode.ipynb, cell 18
+# notebooks/11b_native_decode.ipynb, cell 19
 def native_linear(layer: nn.Module) -> tuple[tuple, int] | None:
     """(weight, scales, bits), as the two calls take a Linear, and the most rows its loop takes; None for one
     they do not run (a bias, shapes the loops do not tile, a quantized layer not in tiles)."""
@@ -27,7 +27,7 @@ def native_linear(layer: nn.Module) -> tuple[tuple, int] | None:
     return None
 
 
-# notebooks/11b_native_decode.ipynb, cell 18
+# notebooks/11b_native_decode.ipynb, cell 19
 def native_layer(layer: nn.Module) -> tuple[tuple, int] | None:
     """A decoder layer's fixed arguments of attention_in and attention_out, and the most rows they take."""
     if (type(layer), type(layer.self_attn), type(layer.mlp)) != (LlamaDecoderLayer, LlamaAttention, LlamaMLP):
@@ -41,16 +41,15 @@ def native_layer(layer: nn.Module) -> tuple[tuple, int] | None:
     return (norm_in.weight, norm_in.eps, qkv, o, norm_out.weight, norm_out.eps, gate_up, down), min(rows)
 
 
-# notebooks/11b_native_decode.ipynb, cell 19
+# notebooks/11b_native_decode.ipynb, cell 20
 class NativeDecode:
-    """A Llama's decode step on a CPU, issued as two native calls a layer around chapter 09's attention kernel:
-    up to max_rows sequences, one new token each, over one KV cache."""
+    """A Llama's decode step on a CPU, issued as one native call after the embedding: up to max_rows sequences,
+    one new token each, over one KV cache."""
 
     def __init__(self, model: nn.Module, k: torch.Tensor, v: torch.Tensor, block_size: int, layers: list, max_rows: int):
         self.model, self.layers, self.max_rows = model.model, layers, max_rows
-        self.slots = [(k[i], v[i]) for i in range(k.shape[0])]                 # (slots, KV, d) each
-        self.blocks = [(k[i].view(-1, block_size, *k.shape[2:]), v[i].view(-1, block_size, *v.shape[2:]))
-                       for i in range(k.shape[0])]                              # (blocks, block_size, KV, d) each
+        self.k_caches = [layer.view(-1, block_size, *k.shape[2:]) for layer in k]   # (blocks, block_size, KV, d)
+        self.v_caches = [layer.view(-1, block_size, *v.shape[2:]) for layer in v]
         self.scale = k.shape[-1] ** -0.5
         bits = sorted({linear[2] for args in layers for linear in args[2:4] + args[6:8]})
         self.key = f"decode step, {k.dtype}, {len(layers)} layers of {model.config.hidden_size}, Linears of {bits} bits"
@@ -61,7 +60,7 @@ class NativeDecode:
         reader's choice of PyTorch's ops (fusion "torch" or "compile"), or no compiler."""
         inner = getattr(model, "model", None)
         if (type(inner) is not LlamaModel or inner.fusion not in ("auto", "cpp") or kv_cache.k.device.type != "cpu"
-                or cpu_decode.extension() is None or cpu_attention.extension() is None):
+                or cpu_decode.extension() is None):
             return None
         layers = [native_layer(layer) for layer in inner.layers]
         if None in layers or inner.rotary.cos.shape[-1] != kv_cache.k.shape[-1]:    # partial rotary: not here
@@ -69,20 +68,12 @@ class NativeDecode:
         args, rows = zip(*layers)
         return cls(model, kv_cache.k, kv_cache.v, kv_cache.block_size, list(args), min(rows))
 
-    # notebooks/11b_native_decode.ipynb, cell 20
+    # notebooks/11b_native_decode.ipynb, cell 21
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
         """input_ids, positions (rows,), one new token per sequence; ctx the step's PagedAttention, every sequence
         decoding. Returns the hidden states (rows, hidden), as the model's forward does."""
-        calls, attention, m = cpu_decode.extension(), cpu_attention.extension(), self.model
+        m, d = self.model, ctx.decode
         x = m.embed_tokens(input_ids)                                                 # (rows, hidden)
-        residual = torch.empty_like(x)
-        d = ctx.decode
-        cu_query_lens = torch.arange(x.shape[0] + 1, dtype=torch.int32)               # one query per sequence
-        for i, (norm_in, eps_in, qkv, o, norm_out, eps_out, gate_up, down) in enumerate(self.layers):
-            q = calls.attention_in(x, residual, i > 0, norm_in, eps_in, qkv, positions, m.rotary.cos, m.rotary.sin,
-                                   *self.slots[i], ctx.slot_mapping)                  # (rows, H, d)
-            attn = attention.varlen_attention(q, *self.blocks[i], d.block_tables, d.context_lens, cu_query_lens,
-                                              self.scale, 1, 0)                       # (rows, H, d)
-            x = calls.attention_out(attn, residual, o, norm_out, eps_out, gate_up, down)
-        calls.fused_add_rms_norm(x, residual, m.norm.weight, m.norm.eps, True)
-        return x
+        return cpu_decode.extension().decode_layers(x, self.layers, positions, m.rotary.cos, m.rotary.sin,
+                                                    self.k_caches, self.v_caches, ctx.slot_mapping, d.block_tables,
+                                                    d.context_lens, self.scale, m.norm.weight, m.norm.eps)

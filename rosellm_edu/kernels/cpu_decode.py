@@ -7,10 +7,9 @@ import functools
 from rosellm_edu.kernels.build import build_cpp
 
 
-# notebooks/11b_native_decode.ipynb, cell 16
+# notebooks/11b_native_decode.ipynb, cell 17
 @functools.cache
 def extension():
-    """The two calls of a decode layer, or None where they cannot be built (steps then run the model's modules)."""
-    return build_cpp("rosellm_edu_decode_layer", "decode_layer.cpp",
-                     ["attention_in", "attention_out", "fused_add_rms_norm"],
+    """A decode step's layers as one call, or None where it cannot be built (steps then run the model's modules)."""
+    return build_cpp("rosellm_edu_decode_layer", "decode_layer.cpp", ["decode_layers"],
                      "decode steps run the model's modules instead", extra_cflags=("-fno-trapping-math",))
