@@ -1,4 +1,4 @@
-"""NativeDecode (appendix 11b): a decode step issued as two C++ calls a layer computes exactly what the model's
+"""NativeDecode (appendix 11b): a decode step issued as one C++ call computes exactly what the model's
 modules compute (logits and the K/V it writes), refuses the models it cannot run, and the engine gives the same
 greedy tokens whichever way its runner chose."""
 
