@@ -92,6 +92,14 @@ def test_greedy_rows_are_exactly_argmax_beside_sampled_rows():
     assert out.token_ids[::2] == logits[::2].argmax(-1).tolist()
 
 
+def test_greedy_on_bfloat16_logits_with_ties_picks_bfloat16s_argmax():
+    # the sampler's argmax runs in float32; ties must still go to bfloat16's argmax (the first)
+    logits = torch.randint(0, 40, (64, 2000), generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    assert (logits == logits.max(-1, keepdim=True).values).sum(-1).min() > 1       # every row has a tie
+    out = sample(logits, [SamplingParams(temperature=0)] * 64, [None] * 64)
+    assert out.token_ids == logits.argmax(-1).tolist()
+
+
 def test_top_k_above_the_vocabulary_is_top_k_off():
     logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(0))
     for top_p in (1.0, 0.9):

@@ -87,7 +87,7 @@ def time_steps(runner: ModelRunner, seqs, tables, steps: int, warmup: int) -> li
     for i in range(warmup + steps):
         start = time.perf_counter()
         batch = [ScheduledSeq(s, len(s) - 1, 1) for s in seqs]
-        tokens = runner.run(batch, tables).argmax(dim=-1).tolist()    # waits for the device
+        tokens = runner.run(batch, tables).float().argmax(dim=-1).tolist()    # as the sampler; waits for the device
         for s, t in zip(seqs, tokens):
             s.output_token_ids.append(t)
         if i >= warmup:
