@@ -5,7 +5,7 @@
 from dataclasses import dataclass
 
 
-# notebooks/06_fast_sampling.ipynb, cell 46
+# notebooks/06_fast_sampling.ipynb, cell 47
 @dataclass
 class Logprob:
     """One token's log-probability under the model's raw distribution, and its rank there (1 = most likely)."""
@@ -14,7 +14,7 @@ class Logprob:
     decoded_token: str | None = None
 
 
-# notebooks/06_fast_sampling.ipynb, cell 46
+# notebooks/06_fast_sampling.ipynb, cell 47
 @dataclass
 class CompletionOutput:
     index: int
@@ -28,7 +28,7 @@ class CompletionOutput:
     logprobs: list[dict[int, Logprob]] | None = None  # per generated token, {id: Logprob}, when asked
 
 
-# notebooks/06_fast_sampling.ipynb, cell 46
+# notebooks/06_fast_sampling.ipynb, cell 47
 @dataclass
 class RequestOutput:
     request_id: str

@@ -161,7 +161,7 @@ def check_samples(p: SamplingParams) -> None:
         _fail(p, "seed", "leaves no room for the n samples' seeds (seed + n - 1 must be below 2**64)")
 
 
-# notebooks/06_fast_sampling.ipynb, cell 44
+# notebooks/06_fast_sampling.ipynb, cell 45
 def check_outputs(p: SamplingParams) -> None:
     for name in ("logprobs", "prompt_logprobs"):
         value = getattr(p, name)

@@ -138,7 +138,7 @@ class Sequence:
         self.finish("stop", stop)
         return True
 
-    # notebooks/06_fast_sampling.ipynb, cell 52
+    # notebooks/06_fast_sampling.ipynb, cell 53
     def record_sampling_mask(self, mask: list[int] | None, logz: float) -> None:
         """Keep the support the next token is drawn from; None (nothing truncated) makes the whole mask None."""
         self.sampling_logz.append(logz)
@@ -175,6 +175,6 @@ def prompt_tail(prompt_token_ids: list[int], tokenizer) -> list[int]:
     return next((tail for tail in tails if "\ufffd" not in tokenizer.decode(tail)), [])
 
 
-# notebooks/06_fast_sampling.ipynb, cell 50
+# notebooks/06_fast_sampling.ipynb, cell 51
 def _copy(values: list | None) -> list | None:
     return None if values is None else list(values)

@@ -35,6 +35,7 @@ from rosellm_edu import model_loader
 from rosellm_edu.engine.kv_cache import KVCache
 from rosellm_edu.engine.model_runner import ModelRunner
 from rosellm_edu.engine.scheduler import ScheduledSeq
+from rosellm_edu.layers.sampler import greedy_tokens
 from rosellm_edu.benchmarks.machine import device_name
 from rosellm_edu.models import model_class
 from rosellm_edu.sampling_params import SamplingParams
@@ -87,7 +88,7 @@ def time_steps(runner: ModelRunner, seqs, tables, steps: int, warmup: int) -> li
     for i in range(warmup + steps):
         start = time.perf_counter()
         batch = [ScheduledSeq(s, len(s) - 1, 1) for s in seqs]
-        tokens = runner.run(batch, tables).float().argmax(dim=-1).tolist()    # as the sampler; waits for the device
+        tokens = greedy_tokens(runner.run(batch, tables)).tolist()            # as the sampler; waits for the device
         for s, t in zip(seqs, tokens):
             s.output_token_ids.append(t)
         if i >= warmup:

@@ -8,6 +8,7 @@ from rosellm_edu.engine.block_manager import BlockManager
 from rosellm_edu.engine.kv_cache import KVCache
 from rosellm_edu.engine.model_runner import ModelRunner
 from rosellm_edu.engine.scheduler import ScheduledSeq
+from rosellm_edu.layers.sampler import greedy_tokens
 from rosellm_edu.model_loader import load_model, resolve_model
 
 
@@ -45,7 +46,7 @@ class DraftModelProposer:
         drafts = {s.seq.request_id: [] for s in batch}
         while batch:
             logits = self.runner.run(batch, self.blocks.table)             # (len(batch), V)
-            for s, token in zip(batch, logits.argmax(dim=-1).tolist()):    # one transfer per draft position
+            for s, token in zip(batch, greedy_tokens(logits).tolist()):    # one transfer per draft position
                 drafts[s.seq.request_id].append(token)
             batch = [s for s in (self.feed(s, drafts, limit) for s in batch) if s is not None]
         return drafts
