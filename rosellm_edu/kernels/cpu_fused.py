@@ -3,6 +3,7 @@
 # (cells counted from 1 in their notebook, markdown cells included).
 
 import functools
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -119,6 +120,38 @@ def few_rows_linear_cpp(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
 
 
 # notebooks/10_fewer_passes.ipynb, cell 46
+# nn.Linear -> a copy of its weight in oneDNN's layout: made once, so a weight changed in place later needs packing
+# again; a deep copy of the model has none, and multiplies by its plain weights
+BLOCKED = weakref.WeakKeyDictionary()
+
+
+# notebooks/10_fewer_passes.ipynb, cell 46
+def pack_weights(linears: list[nn.Linear], rows: int = REGIMES["decode"]) -> bool:
+    """Keep a second copy of each Linear's weight in oneDNN's layout for `rows` rows. False, and nothing kept,
+    where this PyTorch or CPU cannot (no oneDNN, or no path for the dtype)."""
+    try:
+        BLOCKED.update({m: torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), rows) for m in linears})
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+# notebooks/10_fewer_passes.ipynb, cell 46
+def unpack_weights(linears: list[nn.Linear]) -> None:
+    for m in linears:
+        BLOCKED.pop(m, None)
+
+
+# notebooks/10_fewer_passes.ipynb, cell 46
+def packed_linear(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+    """x (rows, in_features) -> (rows, out_features) by oneDNN on the packed weight; torch_linear without one."""
+    blocked = BLOCKED.get(layer)
+    if blocked is None:
+        return torch_linear(x, layer)
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), blocked, layer.bias, "none", [], "")
+
+
+# notebooks/10_fewer_passes.ipynb, cell 50
 FEW_ROWS = 4                 # up to this many rows, a matmul can go to the kernel (the lines above)
 
 
@@ -139,7 +172,7 @@ def linear_cpp(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
     return torch_linear(x, layer)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 47
+# notebooks/10_fewer_passes.ipynb, cell 51
 @dataclass(frozen=True)
 class PointwiseOps:
     """The steps between a Llama layer's matmuls, and the matmuls themselves, by one implementation."""
@@ -157,7 +190,7 @@ TORCH_OPS = PointwiseOps(add_rms_norm_reference, silu_and_mul_reference, rotary_
 CPP_OPS = PointwiseOps(add_rms_norm_cpp, silu_and_mul_cpp, rotary_cpp, linear_cpp)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 47
+# notebooks/10_fewer_passes.ipynb, cell 51
 @functools.cache
 def compiled_ops() -> PointwiseOps:
     """PyTorch's ops through torch.compile, one graph for every token count (compiled at the first call)."""
@@ -166,17 +199,17 @@ def compiled_ops() -> PointwiseOps:
                         torch_linear)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 47
+# notebooks/10_fewer_passes.ipynb, cell 51
 def kernels_usable(device: torch.device) -> bool:
     """The kernels write in place: a CPU, no autograd, and a compiler that built them."""
     return device.type == "cpu" and not torch.is_grad_enabled() and extension() is not None
 
 
-# notebooks/10_fewer_passes.ipynb, cell 48
+# notebooks/10_fewer_passes.ipynb, cell 52
 DECODE_ROWS = 128            # a step of up to this many rows takes the decode choices, a longer one the prefill's
 
 
-# notebooks/10_fewer_passes.ipynb, cell 48
+# notebooks/10_fewer_passes.ipynb, cell 52
 def timed_linears(linear: Callable, linears: list[nn.Module], rows: int, dtype: torch.dtype) -> Callable:
     """A call of `linear` on every layer in `linears`, x (rows, in_features): the matmuls of one step."""
     g = torch.Generator().manual_seed(rows)
@@ -184,10 +217,11 @@ def timed_linears(linear: Callable, linears: list[nn.Module], rows: int, dtype: 
     return lambda: [linear(xs[m.in_features], m) for m in linears]
 
 
-# notebooks/10_fewer_passes.ipynb, cell 48
+# notebooks/10_fewer_passes.ipynb, cell 52
 def fusion_choices(model: nn.Module) -> dict[str, Choice]:
-    """For a LlamaModel on this CPU: per piece and kind of step, "cpp" (the kernel) or "torch" (PyTorch's op),
-    measured at the model's shapes in its dtype by timing.choose (once per process per shape)."""
+    """For a LlamaModel on this CPU: per piece and kind of step, "cpp" (the kernel), "torch" (PyTorch's op) or, for
+    the bfloat16 Linears of a decode batch, "packed", measured at the model's shapes in its dtype by timing.choose (once per
+    process per shape)."""
     cfg, dtype = model.config, model.embed_tokens.weight.dtype
     shape = f"{dtype}, {cfg.hidden_size}/{cfg.intermediate_size}/{cfg.num_attention_heads}/{cfg.num_key_value_heads}"
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
@@ -202,23 +236,31 @@ def fusion_choices(model: nn.Module) -> dict[str, Choice]:
                      (("torch", TORCH_OPS), ("cpp", CPP_OPS))}
             choices[f"linear, {rows} row(s)"] = choose(f"fusion linear, {rows} rows, {len(linears)} Linears, {shape}",
                                                        calls, repeat=3, warmup=1)
+        if linears and dtype == torch.bfloat16:                    # decode batches past the kernel's rows
+            ways = {"torch": torch_linear} | ({"packed": packed_linear} if pack_weights(linears) else {})
+            calls = {name: timed_linears(f, linears, REGIMES["decode"], dtype) for name, f in ways.items()}
+            choices["linear, decode"] = choose(f"fusion linear, decode, {len(linears)} Linears, {shape}", calls,
+                                               repeat=3, warmup=1)
+            if choices["linear, decode"].name != "packed":
+                unpack_weights(linears)                            # the second copy only where it wins
     return choices
 
 
-# notebooks/10_fewer_passes.ipynb, cell 49
+# notebooks/10_fewer_passes.ipynb, cell 53
 def auto_ops(choices: dict[str, Choice], rows: int) -> PointwiseOps:
     """For a step of `rows` rows, each piece by what `choices` measured faster there (PyTorch's op if unmeasured)."""
     regime = "decode" if rows <= DECODE_ROWS else "prefill"
 
     def pick(field: str, key: str) -> Callable:
-        chosen = choices.get(key)
-        return getattr(CPP_OPS if chosen is not None and chosen.name == "cpp" else TORCH_OPS, field)
+        name = getattr(choices.get(key), "name", "torch")
+        return packed_linear if name == "packed" else getattr(CPP_OPS if name == "cpp" else TORCH_OPS, field)
 
+    linear = f"linear, {rows} row(s)" if rows <= FEW_ROWS else f"linear, {regime}"
     return PointwiseOps(pick("add_rms_norm", f"add + RMSNorm, {regime}"), pick("silu_and_mul", f"SiLU x up, {regime}"),
-                        pick("rotary", f"rotary, {regime}"), pick("linear", f"linear, {rows} row(s)"))
+                        pick("rotary", f"rotary, {regime}"), pick("linear", linear))
 
 
-# notebooks/10_fewer_passes.ipynb, cell 50
+# notebooks/10_fewer_passes.ipynb, cell 54
 def pointwise_ops(device: torch.device, fusion: str = "auto", choices: dict[str, Choice] | None = None,
                   rows: int = 1) -> PointwiseOps:
     """fusion: "auto" (per piece, what `choices` measured faster for a step of `rows` rows; PyTorch's ops where the
