@@ -220,8 +220,8 @@ def timed_linears(linear: Callable, linears: list[nn.Module], rows: int, dtype: 
 # notebooks/10_fewer_passes.ipynb, cell 52
 def fusion_choices(model: nn.Module) -> dict[str, Choice]:
     """For a LlamaModel on this CPU: per piece and kind of step, "cpp" (the kernel), "torch" (PyTorch's op) or, for
-    the bfloat16 Linears of a decode batch, "packed", measured at the model's shapes in its dtype by timing.choose (once per
-    process per shape)."""
+    the bfloat16 Linears of a decode batch, "packed", measured at the model's shapes in its dtype by timing.choose
+    (once per process per shape)."""
     cfg, dtype = model.config, model.embed_tokens.weight.dtype
     shape = f"{dtype}, {cfg.hidden_size}/{cfg.intermediate_size}/{cfg.num_attention_heads}/{cfg.num_key_value_heads}"
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]

@@ -251,8 +251,8 @@ def draw_truncated(logits: torch.Tensor, params: list[SamplingParams], generator
 
 # notebooks/06_fast_sampling.ipynb, cell 33
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """Each row's argmax, (n, V) -> (n,), taken in float32: the same index as in bfloat16 (ties go to the first),
-    and PyTorch's CPU argmax has a faster path for float32 (timed below)."""
+    """Each row's argmax, (n, V) -> (n,), taken in float32: the same index as in bfloat16 (ties go to the first).
+    Chapter 06 times it against bfloat16's own argmax, on the CPU at hand."""
     return logits.float().argmax(dim=-1)
 
 
