@@ -68,8 +68,8 @@ def int8_dequantize_cpp(qs: torch.Tensor, d: torch.Tensor, dtype: torch.dtype) -
 
 # notebooks/11_weight_only_quantization.ipynb, cell 61
 def tiled_linear_cpp(x: torch.Tensor, tiles: torch.Tensor, dm: torch.Tensor, bits: int) -> torch.Tensor:
-    """x (rows, K) @ W^T for W in tiles of 4- or 8-bit codes: x rounded to 8-bit groups, integer dots, 8 rows at a
-    time."""
+    """x (rows, K) @ W^T for W in tiles of 4- or 8-bit codes: x rounded to 8-bit groups, integer dots, one pass
+    over the tiles, 8 rows at a time on each."""
     return extension().tiled_linear(x.contiguous(), tiles, dm, bits)
 
 
@@ -107,7 +107,7 @@ def bf16_row_choice(bits: int = 4) -> Choice:
 @functools.cache
 def many_rows_choice(bits: int = 4) -> Choice:
     """For 9 to DECODE_ROWS bfloat16 rows on a tiled weight of `bits`-bit codes, measured once at 64 rows: expand
-    the tiles for PyTorch's matmul (the default), or the int8-dot loop, 8 rows at a time."""
+    the tiles for PyTorch's matmul (the default), or the int8-dot loop."""
     gen = torch.Generator().manual_seed(0)
     codes = torch.randint(0, 256, (2048, 48, 4 * bits), dtype=torch.uint8, generator=gen)   # (N, K/32, 16 or 32)
     tiles, dm = tile(codes, *torch.rand(2, 2048, 48, generator=gen).half())

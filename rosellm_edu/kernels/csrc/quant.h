@@ -277,25 +277,6 @@ inline i32x16 dot4(i32x16 acc, u8x64 u, i8x64 s) {
 #endif
 }
 
-// notebooks/11_weight_only_quantization.ipynb, cell 54
-// Rows of x as 8-bit groups of 32: x ~ q * d per group, and s = d * sum(q), the sum the minimums multiply.
-struct Q8Rows { int64_t G; std::vector<int8_t> q; std::vector<float> d, s; };   // (M, G, 32), (M, G), (M, G)
-
-template <typename T>
-Q8Rows quantize_rows(const T* x, int64_t M, int64_t K, int64_t padded) {       // zero rows from M to padded
-  const int64_t G = K / 32;
-  Q8Rows r{G, std::vector<int8_t>(padded * K), std::vector<float>(padded * G), std::vector<float>(padded * G)};
-  for (int64_t i = 0; i < M * G; ++i) {
-    float v[32], amax = 0.f;
-    for (int j = 0; j < 32; ++j) v[j] = load(x, i * 32 + j), amax = std::max(amax, std::abs(v[j]));
-    const float inv = amax > 0.f ? 127.f / amax : 0.f;
-    int32_t sum = 0;
-    for (int j = 0; j < 32; ++j) r.q[i * 32 + j] = int8_t(std::nearbyint(v[j] * inv)), sum += r.q[i * 32 + j];
-    r.d[i] = amax / 127.f, r.s[i] = r.d[i] * float(sum);
-  }
-  return r;
-}
-
 inline i8x64 broadcast4(const int8_t* p) {                       // 4 bytes, 16 times
   typedef int32_t i32v __attribute__((vector_size(64)));
   int32_t v;
@@ -308,40 +289,74 @@ inline v16 halves(const _Float16* p) {                           // 16 float16 a
   return __builtin_convertvector(*reinterpret_cast<const h16*>(p), v16);
 }
 
+// notebooks/11_weight_only_quantization.ipynb, cell 54
+// Rows of x as 8-bit groups of 32: x ~ q * d per group, and s = d * sum(q), the sum the minimums multiply.
+struct Q8Rows { int64_t G; std::vector<int8_t> q; std::vector<float> d, s; };   // (M, G, 32), (M, G), (M, G)
+
+inline v16 nearest(v16 v) {                                      // ties to even, as torch.round
+  for (int j = 0; j < 16; ++j) v[j] = std::nearbyint(v[j]);
+  return v;
+}
+
+template <typename T>      // once per matmul, its groups split between the threads, 16 elements per instruction
+Q8Rows quantize_rows(const T* x, int64_t M, int64_t K, int64_t padded) {       // zero rows from M to padded
+  typedef int8_t i8x16 __attribute__((vector_size(16), aligned(1)));
+  const int64_t G = K / 32;
+  Q8Rows r{G, std::vector<int8_t>(padded * K), std::vector<float>(padded * G), std::vector<float>(padded * G)};
+  at::parallel_for(0, M * G, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      v16 even, odd, lo, hi;                                     // the group's 32 elements
+      load32(x + i * 32, even, odd);
+      const v16 a = even < 0 ? -even : even, b = odd < 0 ? -odd : odd, top = a > b ? a : b;
+      float amax = 0.f;
+      for (int j = 0; j < 16; ++j) amax = std::max(amax, top[j]);
+      const float inv = amax > 0.f ? 127.f / amax : 0.f;
+      interleave(nearest(even * inv), nearest(odd * inv), lo, hi);
+      const i32x16 q[2] = {__builtin_convertvector(lo, i32x16), __builtin_convertvector(hi, i32x16)};
+      const i8x16 bytes[2] = {__builtin_convertvector(q[0], i8x16), __builtin_convertvector(q[1], i8x16)};
+      std::memcpy(r.q.data() + i * 32, bytes, 32);
+      int32_t sum = 0;
+      for (int j = 0; j < 16; ++j) sum += q[0][j] + q[1][j];
+      r.d[i] = amax / 127.f, r.s[i] = r.d[i] * float(sum);
+    }
+  });
+  return r;
+}
+
 // notebooks/11_weight_only_quantization.ipynb, cell 55
 // The weight in tiles of 16 columns. For tile t and group g, `tiles` holds C = 4 (nibbles) or 8 (8-bit codes)
 // chunks of 64 bytes, chunk c being bytes 4c..4c+3 of each of the 16 columns' codes: a 32-bit lane is one column.
 // dm holds the 16 columns' scales, then their minimums, as float16: w = code * d + m.
 struct Tiles { const uint8_t* codes; const _Float16* dm; int64_t G; };
 
-// y (M, N) = x (M, K) @ W^T: per group and column, sum(code * q) in integers, times d * d_x, plus m * s_x.
+// Rows r0.. of y (M, N) = x (M, K) @ W^T, in one tile's 16 columns: per group and column, sum(code * q) in
+// integers, times d * d_x, plus m * s_x.
 template <typename T, int M, int BITS>             // M: the rows padded to 1, 2, 4 or 8; the first `rows` are kept
-void tiled_rows(const Q8Rows& x, const Tiles& w, T* y, int64_t N, int64_t rows) {
-  constexpr int C = BITS == 4 ? 4 : 8;
+void tile_rows(const Q8Rows& x, int64_t r0, int64_t rows, const Tiles& w, int64_t tile, T* y, int64_t N) {
+  constexpr int C = BITS == 4 ? 4 : 8, S = M < 4 ? 2 : 1;      // S sums per row: few rows, too short a chain
   const int64_t G = x.G;
-  at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t tile = begin; tile < end; ++tile) {
-      v16 acc[M] = {};
-      for (int64_t g = 0; g < G; ++g) {
-        const u8x64* q = reinterpret_cast<const u8x64*>(w.codes + (tile * G + g) * 64 * C);
-        i32x16 s[M][2] = {};                                      // two sums per row: half the dependent chain
-        for (int c = 0; c < C; ++c)
-          for (int r = 0; r < M; ++r) {
-            const int8_t* xr = x.q.data() + (r * G + g) * 32;
-            if (BITS == 4) {                                      // element 4c.. low nibbles, 16 + 4c.. high
-              s[r][0] = dot4<4>(s[r][0], q[c] & 15, broadcast4(xr + 4 * c));
-              s[r][1] = dot4<4>(s[r][1], q[c] >> 4, broadcast4(xr + 16 + 4 * c));
-            } else {
-              s[r][c & 1] = dot4<8>(s[r][c & 1], q[c], broadcast4(xr + 4 * c));
-            }
-          }
-        const v16 d = halves(w.dm + (tile * G + g) * 32), m = halves(w.dm + (tile * G + g) * 32 + 16);
-        for (int r = 0; r < M; ++r)
-          acc[r] += __builtin_convertvector(s[r][0] + s[r][1], v16) * (d * x.d[r * G + g]) + m * x.s[r * G + g];
+  v16 acc[M] = {};
+  for (int64_t g = 0; g < G; ++g) {
+    const u8x64* q = reinterpret_cast<const u8x64*>(w.codes + (tile * G + g) * 64 * C);
+    i32x16 s[M][S] = {};
+    for (int c = 0; c < C; ++c)
+      for (int r = 0; r < M; ++r) {
+        const int8_t* xr = x.q.data() + ((r0 + r) * G + g) * 32;
+        if (BITS == 4) {                                          // element 4c.. low nibbles, 16 + 4c.. high
+          s[r][0] = dot4<4>(s[r][0], q[c] & 15, broadcast4(xr + 4 * c));
+          s[r][S - 1] = dot4<4>(s[r][S - 1], q[c] >> 4, broadcast4(xr + 16 + 4 * c));
+        } else {
+          s[r][c % S] = dot4<8>(s[r][c % S], q[c], broadcast4(xr + 4 * c));
+        }
       }
-      for (int r = 0; r < rows; ++r) store16(y + r * N + tile * 16, acc[r]);
+    const v16 d = halves(w.dm + (tile * G + g) * 32), m = halves(w.dm + (tile * G + g) * 32 + 16);
+    for (int r = 0; r < M; ++r) {
+      i32x16 sum = s[r][0];
+      if constexpr (S == 2) sum += s[r][1];
+      acc[r] += __builtin_convertvector(sum, v16) * (d * x.d[(r0 + r) * G + g]) + m * x.s[(r0 + r) * G + g];
     }
-  });
+  }
+  for (int r = 0; r < rows; ++r) store16(y + (r0 + r) * N + tile * 16, acc[r]);
 }
 
 // notebooks/11_weight_only_quantization.ipynb, cell 56
@@ -362,39 +377,37 @@ inline __m256 half8(const uint16_t* p) {                         // 8 float16 as
 // notebooks/11_weight_only_quantization.ipynb, cell 57
 #ifdef AVX2_LOOP
 template <typename T, int M, int BITS, int C = BITS == 4 ? 4 : 8>
-void tiled_rows_avx2(const Q8Rows& x, const Tiles& w, T* y, int64_t N, int64_t rows) {
+void tile_rows_avx2(const Q8Rows& x, int64_t r0, int64_t rows, const Tiles& w, int64_t tile, T* y, int64_t N) {
   const int64_t G = x.G;
   const __m256i nibble = _mm256_set1_epi8(15), one = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
-  at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t tile = begin; tile < end; ++tile) {
-      __m256 acc[M][2] = {};
-      for (int64_t g = 0; g < G; ++g) {
-        const uint8_t* q = w.codes + (tile * G + g) * 64 * C;
-        __m256i s[M][2] = {};
-        for (int c = 0; c < C; ++c)
-          for (int h = 0; h < 2; ++h) {                           // columns 8h .. 8h+7
-            const __m256i qc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c + 32 * h));
-            const __m256i lo = _mm256_and_si256(qc, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(qc, 4), nibble);
-            for (int r = 0; r < M; ++r) {
-              const int8_t* xr = x.q.data() + (r * G + g) * 32;
-              s[r][h] = madd_avx2(s[r][h], lo, bytes4(xr + 4 * c), one);
-              s[r][h] = BITS == 4 ? madd_avx2(s[r][h], hi, bytes4(xr + 16 + 4 * c), one)
-                                  : madd_avx2(s[r][h], hi, bytes4(xr + 4 * c), sixteen);
-            }
-          }
-        const uint16_t* dm = reinterpret_cast<const uint16_t*>(w.dm + (tile * G + g) * 32);
-        const __m256 d[2] = {half8(dm), half8(dm + 8)}, m[2] = {half8(dm + 16), half8(dm + 24)};
-        for (int r = 0; r < M; ++r)
-          for (int h = 0; h < 2; ++h)
-            acc[r][h] = _mm256_add_ps(acc[r][h], _mm256_add_ps(
-                _mm256_mul_ps(_mm256_cvtepi32_ps(s[r][h]), _mm256_mul_ps(d[h], _mm256_set1_ps(x.d[r * G + g]))),
-                _mm256_mul_ps(m[h], _mm256_set1_ps(x.s[r * G + g]))));
+  __m256 acc[M][2] = {};
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* q = w.codes + (tile * G + g) * 64 * C;
+    __m256i s[M][2] = {};
+    for (int c = 0; c < C; ++c)
+      for (int h = 0; h < 2; ++h) {                               // columns 8h .. 8h+7
+        const __m256i qc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * c + 32 * h));
+        const __m256i lo = _mm256_and_si256(qc, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(qc, 4), nibble);
+        for (int r = 0; r < M; ++r) {
+          const int8_t* xr = x.q.data() + ((r0 + r) * G + g) * 32;
+          s[r][h] = madd_avx2(s[r][h], lo, bytes4(xr + 4 * c), one);
+          s[r][h] = BITS == 4 ? madd_avx2(s[r][h], hi, bytes4(xr + 16 + 4 * c), one)
+                              : madd_avx2(s[r][h], hi, bytes4(xr + 4 * c), sixteen);
+        }
       }
-      for (int r = 0; r < rows; ++r) {                            // the two halves as one v16, for store16
-        v16 out; std::memcpy(&out, acc[r], sizeof out); store16(y + r * N + tile * 16, out);
-      }
+    const uint16_t* dm = reinterpret_cast<const uint16_t*>(w.dm + (tile * G + g) * 32);
+    const __m256 d[2] = {half8(dm), half8(dm + 8)}, m[2] = {half8(dm + 16), half8(dm + 24)};
+    for (int r = 0; r < M; ++r) {
+      const __m256 dx = _mm256_set1_ps(x.d[(r0 + r) * G + g]), sx = _mm256_set1_ps(x.s[(r0 + r) * G + g]);
+      for (int h = 0; h < 2; ++h)
+        acc[r][h] = _mm256_add_ps(acc[r][h], _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[r][h]),
+                                                                         _mm256_mul_ps(d[h], dx)),
+                                                           _mm256_mul_ps(m[h], sx)));
     }
-  });
+  }
+  for (int r = 0; r < rows; ++r) {                                // the two halves as one v16, for store16
+    v16 out; std::memcpy(&out, acc[r], sizeof out); store16(y + (r0 + r) * N + tile * 16, out);
+  }
 }
 #endif
 
@@ -426,12 +439,33 @@ Tiles check_tiles(const torch::Tensor& tiles, const torch::Tensor& dm, int64_t b
   return {tiles.data_ptr<uint8_t>(), reinterpret_cast<const _Float16*>(dm.data_ptr<at::Half>()), tiles.size(1)};
 }
 
+torch::Tensor tiled_dequantize_out(torch::Tensor tiles, torch::Tensor dm, int64_t bits, at::ScalarType dtype) {
+  const Tiles w = check_tiles(tiles, dm, bits);
+  return bits == 4 ? groups_dequantize(TiledGroups<4>{w}, tiles.size(0) * 16, w.G, dtype)
+                   : groups_dequantize(TiledGroups<8>{w}, tiles.size(0) * 16, w.G, dtype);
+}
+
 // notebooks/11_weight_only_quantization.ipynb, cell 59
 #ifdef AVX2_LOOP
-#define TILED_LOOP tiled_rows_avx2
+#define TILE_ROWS tile_rows_avx2
 #else
-#define TILED_LOOP tiled_rows
+#define TILE_ROWS tile_rows
 #endif
+
+// Each thread takes whole tiles and runs every block of 8 rows on a tile before the next: a tile comes from memory
+// once, and the blocks after the first find it in the core's cache.
+template <typename T, int BITS>
+void tiled_blocks(const Q8Rows& x, const Tiles& w, T* y, int64_t M, int64_t N) {
+  at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile)
+      for (int64_t r0 = 0; r0 < M; r0 += 8) {
+        const int64_t rows = std::min<int64_t>(M - r0, 8);
+        auto f = rows == 1 ? TILE_ROWS<T, 1, BITS> : rows == 2 ? TILE_ROWS<T, 2, BITS>
+               : rows <= 4 ? TILE_ROWS<T, 4, BITS> : TILE_ROWS<T, 8, BITS>;
+        f(x, r0, rows, w, tile, y, N);
+      }
+  });
+}
 
 torch::Tensor tiled_linear(torch::Tensor x, torch::Tensor tiles, torch::Tensor dm, int64_t bits) {
   const Tiles w = check_tiles(tiles, dm, bits);
@@ -440,22 +474,10 @@ torch::Tensor tiled_linear(torch::Tensor x, torch::Tensor tiles, torch::Tensor d
   TORCH_CHECK(M >= 1, "x must have at least one row");
   TORCH_CHECK(K == w.G * 32, "x has ", K, " columns but the weight ", w.G * 32);
   auto y = torch::empty({M, N}, x.options());
+  const int64_t tail = M % 8, padded = M - tail + (tail <= 2 ? tail : tail <= 4 ? 4 : 8);   // the last block's
   DISPATCH(x.scalar_type(), "tiled_linear", [&] {
-    for (int64_t r = 0; r < M; r += 8) {                          // 8 rows at a time; the tiles stay in cache
-      const int64_t rows = std::min<int64_t>(M - r, 8), padded = rows <= 2 ? rows : rows <= 4 ? 4 : 8;
-      const Q8Rows xq = quantize_rows(x.data_ptr<scalar_t>() + r * K, rows, K, padded);
-      auto f = bits == 4 ? (padded == 1 ? TILED_LOOP<scalar_t, 1, 4> : padded == 2 ? TILED_LOOP<scalar_t, 2, 4> :
-                            padded == 4 ? TILED_LOOP<scalar_t, 4, 4> : TILED_LOOP<scalar_t, 8, 4>)
-                         : (padded == 1 ? TILED_LOOP<scalar_t, 1, 8> : padded == 2 ? TILED_LOOP<scalar_t, 2, 8> :
-                            padded == 4 ? TILED_LOOP<scalar_t, 4, 8> : TILED_LOOP<scalar_t, 8, 8>);
-      f(xq, w, y.data_ptr<scalar_t>() + r * N, N, rows);
-    }
+    const Q8Rows xq = quantize_rows(x.data_ptr<scalar_t>(), M, K, padded);
+    (bits == 4 ? tiled_blocks<scalar_t, 4> : tiled_blocks<scalar_t, 8>)(xq, w, y.data_ptr<scalar_t>(), M, N);
   });
   return y;
-}
-
-torch::Tensor tiled_dequantize_out(torch::Tensor tiles, torch::Tensor dm, int64_t bits, at::ScalarType dtype) {
-  const Tiles w = check_tiles(tiles, dm, bits);
-  return bits == 4 ? groups_dequantize(TiledGroups<4>{w}, tiles.size(0) * 16, w.G, dtype)
-                   : groups_dequantize(TiledGroups<8>{w}, tiles.size(0) * 16, w.G, dtype);
 }
