@@ -1,6 +1,6 @@
 """Chapter 11's int8-dot loop: the activations rounded to 8-bit groups once per matmul, integer dot products on
 weights in tiles of 16 columns. It must compute exactly what a plain re-computation of that arithmetic computes,
-for 1 to 8 rows and both code widths, in every instruction set it is written for."""
+for 1 to 8 rows and blocks of 8 past them, both code widths, in every instruction set it is written for."""
 
 import pytest
 import torch
@@ -78,7 +78,7 @@ def test_more_rows_take_the_loop_measured_faster(loop, monkeypatch):
     monkeypatch.setattr(cpu_quant, "many_rows_choice", lambda bits=4: timing.Choice(loop, {}))
     for layer, w in layers((64, 96), 3):
         layer.tile_()
-        for rows in (TILED_ROWS + 3, 29, DECODE_ROWS + 1):
+        for rows in (TILED_ROWS + 3, 17, 29, 64, DECODE_ROWS + 1):   # the last block of 8 rows: 3, 1, 5, 8 rows
             x = torch.randn(rows, 96)
             rounded = loop == "int8-dot" and rows <= DECODE_ROWS and not isinstance(layer, Int8GroupLinear)
             expected = (rounded_rows(x) if rounded else x) @ w.T              # expanded: no rounding of x
@@ -156,7 +156,7 @@ def test_the_avx2_build_computes_the_same_numbers():
                      extra_cflags=("-fno-trapping-math", "-mno-avx512f", "-mno-avxvnni"))
     for layer, w in layers((48, 160), 7):
         layer.tile_()
-        for rows in (1, 3, 8):
+        for rows in (1, 3, 8, 18):
             x = torch.randn(rows, 160)
             y = avx2.tiled_linear(x, layer.tiles, layer.dm, bits_of(layer))
             torch.testing.assert_close(y, rounded_rows(x) @ w.T, atol=1e-5, rtol=1e-5)
