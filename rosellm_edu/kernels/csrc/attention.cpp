@@ -338,13 +338,30 @@ inline void fold_chunk(Scratch& w, int64_t R, int64_t n, int64_t d, int64_t grou
 }
 
 // notebooks/09_attention_kernels.ipynb, cell 32
+// Ask for kv heads h0 .. h1-1 of the K/V rows of keys c .. c+n-1 ahead of use, line by line, into the core's L2
+// (locality 1; the in-loop prefetches move them on to L1): a chunk's blocks lie anywhere in the pool, where the
+// hardware's prefetcher, which follows addresses in order, does not look.
+template <typename T>
+void prefetch_chunk(const Paged<T>& pg, int64_t h0, int64_t h1, int64_t c, int64_t n, int64_t* off) {
+  pg.offsets(c, n, off);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t b = h0 * pg.d * int64_t(sizeof(T)); b < h1 * pg.d * int64_t(sizeof(T)); b += 64) {
+      __builtin_prefetch(reinterpret_cast<const char*>(pg.k + off[t]) + b, 0, 1);
+      __builtin_prefetch(reinterpret_cast<const char*>(pg.v + off[t]) + b, 0, 1);
+    }
+}
+
 // Fold keys [k0, k1) into the running softmax of kv heads h0 .. h1-1 (ws[i] holds head h0 + i). The heads take
-// turns on each chunk, so a slot's K/V rows, contiguous across heads, are read from memory together.
+// turns on each chunk, so a slot's K/V rows, contiguous across heads, are read from memory together; the next
+// chunk's rows are on their way while this one is computed.
 template <typename T>
 void attend_range(const Paged<T>& pg, Scratch* ws, int64_t h0, int64_t h1, int64_t nq, int64_t group, int64_t pos0,
                   int64_t k0, int64_t k1) {
+  int64_t ahead[KC];
+  if (k0 < k1) prefetch_chunk(pg, h0, h1, k0, std::min(KC, k1 - k0), ahead);
   for (int64_t c = k0; c < k1; c += KC) {
     const int64_t n = std::min(KC, k1 - c);
+    if (c + KC < k1) prefetch_chunk(pg, h0, h1, c + KC, std::min(KC, k1 - c - KC), ahead);
     for (int64_t h = h0; h < h1; ++h) {
       Scratch& w = ws[h - h0];
       const Paged<T> ph = pg.head(h);
