@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rosellm_edu.kernels import cpu_quant
-from rosellm_edu.kernels.cpu_fused import DECODE_ROWS, FEW_ROWS, pointwise_ops
+from rosellm_edu.kernels.cpu_fused import DECODE_ROWS, FEW_ROWS, few_rows_fits, kernels_usable, linear_cpp, torch_linear
 from rosellm_edu.timing import Choice, choose
 
 
@@ -287,13 +287,15 @@ def tile_for_rows(model: nn.Module, dtype: torch.dtype) -> nn.Module:
 # notebooks/11_weight_only_quantization.ipynb, cell 76
 @torch.no_grad()
 def head_choice(dense: nn.Linear, q8: Int8GroupLinear) -> Choice:
-    """The LM head's format at one row, measured once per process, dtype and shape: the model's dtype through the
-    model's own linear (the default), or Q8_0 groups through the 8-bit loop."""
+    """The LM head's format at one row, measured once per process, dtype and shape: the model's dtype through
+    PyTorch's matmul (the default) or, where it fits, chapter 10's few-rows kernel (either may run a model's one-row
+    steps, as fusion_choices measured), or Q8_0 groups through the 8-bit loop."""
     dtype = str(dense.weight.dtype).removeprefix("torch.")
     x = torch.randn(1, dense.in_features).to(dense.weight.dtype)                     # (1, hidden)
-    linear = pointwise_ops(torch.device("cpu")).linear
-    return choose(f"LM head {dtype} {tuple(dense.weight.shape)}",
-                  {dtype: lambda: linear(x, dense), "Q8_0": lambda: q8(x)})
+    candidates = {dtype: lambda: torch_linear(x, dense)}
+    if kernels_usable(x.device) and few_rows_fits(dense):
+        candidates["few-rows"] = lambda: linear_cpp(x, dense)
+    return choose(f"LM head {dtype} {tuple(dense.weight.shape)}", {**candidates, "Q8_0": lambda: q8(x)})
 
 
 # notebooks/11_weight_only_quantization.ipynb, cell 76
