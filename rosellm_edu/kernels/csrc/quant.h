@@ -452,6 +452,8 @@ torch::Tensor tiled_dequantize_out(torch::Tensor tiles, torch::Tensor dm, int64_
 #define TILE_ROWS tile_rows
 #endif
 
+inline int64_t padded_rows(int64_t rows) { return rows <= 2 ? rows : rows <= 4 ? 4 : 8; }   // a block of <= 8
+
 // Each thread takes whole tiles and runs every block of 8 rows on a tile before the next: a tile comes from memory
 // once, and the blocks after the first find it in the core's cache.
 template <typename T, int BITS>
@@ -459,9 +461,9 @@ void tiled_blocks(const Q8Rows& x, const Tiles& w, T* y, int64_t M, int64_t N) {
   at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
     for (int64_t tile = begin; tile < end; ++tile)
       for (int64_t r0 = 0; r0 < M; r0 += 8) {
-        const int64_t rows = std::min<int64_t>(M - r0, 8);
-        auto f = rows == 1 ? TILE_ROWS<T, 1, BITS> : rows == 2 ? TILE_ROWS<T, 2, BITS>
-               : rows <= 4 ? TILE_ROWS<T, 4, BITS> : TILE_ROWS<T, 8, BITS>;
+        const int64_t rows = std::min<int64_t>(M - r0, 8), padded = padded_rows(rows);
+        auto f = padded == 1 ? TILE_ROWS<T, 1, BITS> : padded == 2 ? TILE_ROWS<T, 2, BITS>
+               : padded == 4 ? TILE_ROWS<T, 4, BITS> : TILE_ROWS<T, 8, BITS>;
         f(x, r0, rows, w, tile, y, N);
       }
   });
@@ -474,7 +476,7 @@ torch::Tensor tiled_linear(torch::Tensor x, torch::Tensor tiles, torch::Tensor d
   TORCH_CHECK(M >= 1, "x must have at least one row");
   TORCH_CHECK(K == w.G * 32, "x has ", K, " columns but the weight ", w.G * 32);
   auto y = torch::empty({M, N}, x.options());
-  const int64_t tail = M % 8, padded = M - tail + (tail <= 2 ? tail : tail <= 4 ? 4 : 8);   // the last block's
+  const int64_t padded = M - M % 8 + padded_rows(M % 8);      // rows quantized: the last block's padding too
   DISPATCH(x.scalar_type(), "tiled_linear", [&] {
     const Q8Rows xq = quantize_rows(x.data_ptr<scalar_t>(), M, K, padded);
     (bits == 4 ? tiled_blocks<scalar_t, 4> : tiled_blocks<scalar_t, 8>)(xq, w, y.data_ptr<scalar_t>(), M, N);
