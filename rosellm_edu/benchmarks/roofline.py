@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rosellm_edu.huge_pages import empty_on_huge_pages
 from rosellm_edu.timing import median_time
 
 
@@ -118,7 +119,9 @@ def lm_head_weight(model) -> torch.Tensor:
 # notebooks/11_weight_only_quantization.ipynb, cell 77
 def memory_read_bandwidth(num_bytes: int = 256 * 2**20, device: str | torch.device = "cpu", repeat: int = 5) -> float:
     """Bytes per second this device reads: a sum over a tensor far larger than any cache reads each byte once and
-    writes nothing, as a decode step reads its weights (a copy, chapter 08's memory_bandwidth, writes too)."""
+    writes nothing, as a decode step reads its weights (a copy, chapter 08's memory_bandwidth, writes too). On a
+    CPU the tensor lies on huge pages where Linux grants them, as load_model puts the weights (chapter 10)."""
     device = torch.device(device)
-    src = torch.ones(num_bytes // 4, device=device)
+    huge = empty_on_huge_pages(num_bytes) if device.type == "cpu" else None
+    src = torch.ones(num_bytes // 4, device=device) if huge is None else huge.view(torch.float32).fill_(1.0)
     return num_bytes / device_time(lambda: src.sum(), device, repeat)
