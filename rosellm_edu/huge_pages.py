@@ -16,7 +16,8 @@ MADV_HUGEPAGE = 14          # Linux's <sys/mman.h>
 
 
 def advise_huge_pages(address: int, length: int) -> bool:
-    """Ask Linux to back [address, address + length) with huge pages; False where it cannot (another OS, THP off)."""
+    """Ask Linux to back [address, address + length) with huge pages; False where it cannot be asked (another OS,
+    a kernel built without transparent huge pages). Whether it grants them is the kernel's choice."""
     if not sys.platform.startswith("linux"):
         return False
     libc = ctypes.CDLL(None, use_errno=True)

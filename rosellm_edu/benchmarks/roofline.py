@@ -121,7 +121,7 @@ def memory_read_bandwidth(num_bytes: int = 256 * 2**20, device: str | torch.devi
     """Bytes per second this device reads: a sum over a tensor far larger than any cache reads each byte once and
     writes nothing, as a decode step reads its weights (a copy, chapter 08's memory_bandwidth, writes too). On a
     CPU the tensor lies on huge pages where Linux grants them, as load_model puts the weights (chapter 10). Its
-    values are random, as weights are: one CPU read huge pages of ones at twice the rate of random ones."""
+    values are random, as weights are: one CPU read huge pages of ones at twice the rate of random values."""
     device = torch.device(device)
     huge = empty_on_huge_pages(num_bytes) if device.type == "cpu" else None
     src = (torch.empty(num_bytes // 4, device=device) if huge is None else huge.view(torch.float32)).uniform_()
