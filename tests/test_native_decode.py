@@ -2,6 +2,9 @@
 modules compute (logits and the K/V it writes), refuses the models it cannot run, and the engine gives the same
 greedy tokens whichever way its runner chose."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 from torch import nn
@@ -73,6 +76,29 @@ def test_the_native_step_computes_what_the_modules_compute(kind):
             got = native(ids, positions, ctx)
         assert torch.equal(got, expected)
         assert torch.equal(runner.kv_cache.k, k) and torch.equal(runner.kv_cache.v, v)
+
+
+def test_the_plan_holds_the_step_arguments_until_its_native_decode_goes():
+    model, gen = tiny_model(torch.float32), torch.Generator().manual_seed(2)
+    runner = runner_at(model, 1, gen)
+    native = NativeDecode.build(model, runner.kv_cache)
+    cache_view = weakref.ref(native.k_caches[0])                # held by the plan as well as by native
+    native.k_caches = None
+    gc.collect()
+    assert cache_view() is not None
+    del native
+    gc.collect()
+    assert cache_view() is None                                 # the capsule freed the plan and its tensors
+
+
+def test_a_step_refuses_what_is_not_a_plan():
+    model, gen = tiny_model(torch.float32), torch.Generator().manual_seed(2)
+    runner = runner_at(model, 1, gen)
+    ctx = runner.decode_attention(1, 4)
+    x = model.model.embed_tokens(runner.input_ids[:1])
+    with pytest.raises(TypeError, match="decode_step"):
+        cpu_decode.extension().decode_step(native_linear, x, runner.positions[:1], ctx.slot_mapping,
+                                           ctx.decode.block_tables, ctx.decode.context_lens)
 
 
 def test_a_slot_outside_the_cache_is_refused_and_nothing_is_written():

@@ -11,11 +11,11 @@ from rosellm_edu.layers.quantization import Int4Linear, Int8GroupLinear, Int8Lin
 from rosellm_edu.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel
 
 
-# notebooks/11b_native_decode.ipynb, cell 19
+# notebooks/11b_native_decode.ipynb, cell 21
 NO_SCALES = torch.empty(0)
 
 
-# notebooks/11b_native_decode.ipynb, cell 19
+# notebooks/11b_native_decode.ipynb, cell 21
 def native_linear(layer: nn.Module) -> tuple[tuple, int] | None:
     """(weight, scales, bits), as the two calls take a Linear, and the most rows its loop takes; None for one
     they do not run (a bias, shapes the loops do not tile, a quantized layer not in tiles)."""
@@ -27,7 +27,7 @@ def native_linear(layer: nn.Module) -> tuple[tuple, int] | None:
     return None
 
 
-# notebooks/11b_native_decode.ipynb, cell 19
+# notebooks/11b_native_decode.ipynb, cell 21
 def native_layer(layer: nn.Module) -> tuple[tuple, int] | None:
     """A decoder layer's fixed arguments of attention_in and attention_out, and the most rows they take."""
     if (type(layer), type(layer.self_attn), type(layer.mlp)) != (LlamaDecoderLayer, LlamaAttention, LlamaMLP):
@@ -41,7 +41,7 @@ def native_layer(layer: nn.Module) -> tuple[tuple, int] | None:
     return (norm_in.weight, norm_in.eps, qkv, o, norm_out.weight, norm_out.eps, gate_up, down), min(rows)
 
 
-# notebooks/11b_native_decode.ipynb, cell 20
+# notebooks/11b_native_decode.ipynb, cell 22
 class NativeDecode:
     """A Llama's decode step on a CPU, issued as one native call after the embedding: up to max_rows sequences,
     one new token each, over one KV cache."""
@@ -51,6 +51,9 @@ class NativeDecode:
         self.k_caches = [layer.view(-1, block_size, *k.shape[2:]) for layer in k]   # (blocks, block_size, KV, d)
         self.v_caches = [layer.view(-1, block_size, *v.shape[2:]) for layer in v]
         self.scale = k.shape[-1] ** -0.5
+        m = self.model                                     # converted to C++ once: only a step's inputs cross later
+        self.plan = cpu_decode.extension().decode_plan(layers, m.rotary.cos, m.rotary.sin, self.k_caches,
+                                                       self.v_caches, self.scale, m.norm.weight, m.norm.eps)
         bits = sorted({linear[2] for args in layers for linear in args[2:4] + args[6:8]})
         self.key = f"decode step, {k.dtype}, {len(layers)} layers of {model.config.hidden_size}, Linears of {bits} bits"
 
@@ -68,12 +71,11 @@ class NativeDecode:
         args, rows = zip(*layers)
         return cls(model, kv_cache.k, kv_cache.v, kv_cache.block_size, list(args), min(rows))
 
-    # notebooks/11b_native_decode.ipynb, cell 21
+    # notebooks/11b_native_decode.ipynb, cell 23
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
         """input_ids, positions (rows,), one new token per sequence; ctx the step's PagedAttention, every sequence
         decoding. Returns the hidden states (rows, hidden), as the model's forward does."""
-        m, d = self.model, ctx.decode
-        x = m.embed_tokens(input_ids)                                                 # (rows, hidden)
-        return cpu_decode.extension().decode_layers(x, self.layers, positions, m.rotary.cos, m.rotary.sin,
-                                                    self.k_caches, self.v_caches, ctx.slot_mapping, d.block_tables,
-                                                    d.context_lens, self.scale, m.norm.weight, m.norm.eps)
+        d = ctx.decode
+        x = self.model.embed_tokens(input_ids)                                        # (rows, hidden)
+        return cpu_decode.extension().decode_step(self.plan, x, positions, ctx.slot_mapping, d.block_tables,
+                                                  d.context_lens)

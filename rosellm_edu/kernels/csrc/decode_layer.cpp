@@ -81,3 +81,32 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<Layer>& layers, t
   fused_add_rms_norm(x, residual, norm, eps, true);
   return x;
 }
+
+// notebooks/11b_native_decode.ipynb, cell 18
+// What every decode step of a model shares, converted from Python once.
+struct DecodePlan {
+  std::vector<Layer> layers;
+  torch::Tensor cos, sin;
+  std::vector<torch::Tensor> k_caches, v_caches;
+  double scale;
+  torch::Tensor norm;
+  double eps;
+};
+
+pybind11::capsule decode_plan(std::vector<Layer> layers, torch::Tensor cos, torch::Tensor sin,
+                              std::vector<torch::Tensor> k_caches, std::vector<torch::Tensor> v_caches, double scale,
+                              torch::Tensor norm, double eps) {
+  TORCH_CHECK(k_caches.size() == layers.size() && v_caches.size() == layers.size(), "a k and a v cache a layer");
+  return pybind11::capsule(new DecodePlan{std::move(layers), cos, sin, std::move(k_caches), std::move(v_caches),
+                                          scale, norm, eps},
+                           "DecodePlan", [](void* p) { delete static_cast<DecodePlan*>(p); });
+}
+
+// decode_layers over a plan: x (rows, hidden) and the step's positions, slots and attention metadata.
+torch::Tensor decode_step(const pybind11::capsule& plan, torch::Tensor x, torch::Tensor positions, torch::Tensor slots,
+                          torch::Tensor block_tables, torch::Tensor context_lens) {
+  TORCH_CHECK(plan.name() && std::string(plan.name()) == "DecodePlan", "decode_step takes decode_plan's capsule");
+  const DecodePlan& p = *plan.get_pointer<DecodePlan>();
+  return decode_layers(x, p.layers, positions, p.cos, p.sin, p.k_caches, p.v_caches, slots, block_tables,
+                       context_lens, p.scale, p.norm, p.eps);
+}
