@@ -67,15 +67,52 @@ def test_the_native_step_computes_what_the_modules_compute(kind):
         native = NativeDecode.build(model, runner.kv_cache)
         assert native is not None and native.max_rows == ROWS[kind]
         ids, positions = runner.input_ids[:rows], runner.positions[:rows]
+        assert native.tiled == (kind in ("int4", "int8"))
         ctx = runner.decode_attention(rows, 4)
         with torch.no_grad():
             expected = model(ids, positions, ctx)
             k, v = runner.kv_cache.k.clone(), runner.kv_cache.v.clone()
+        for one_region in (False, True) if native.tiled else (False,):
             slots = runner.slot_mapping[:rows]
             runner.kv_cache.k[:, slots], runner.kv_cache.v[:, slots] = 0, 0     # written again, or the test fails
-            got = native(ids, positions, ctx)
-        assert torch.equal(got, expected)
-        assert torch.equal(runner.kv_cache.k, k) and torch.equal(runner.kv_cache.v, v)
+            with torch.no_grad():
+                got = native(ids, positions, ctx, one_region=one_region)
+            assert torch.equal(got, expected), f"{rows} rows, one region: {one_region}"
+            assert torch.equal(runner.kv_cache.k, k) and torch.equal(runner.kv_cache.v, v)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_one_region_computes_what_the_modules_compute_on_any_team_with_keys_split(threads):
+    """Sequences of 120-200 keys, so that attention splits them (flash-decoding) where there are threads to feed;
+    three threads take unequal shares of the tiles, and one runs the region alone."""
+    model, gen = tiny_model("int4"), torch.Generator().manual_seed(4)
+    cache = KVCache(model.config, 3 * 50, 4, torch.bfloat16)
+    cache.k.normal_(generator=gen), cache.v.normal_(generator=gen)
+    runner = ModelRunner(model, cache, 3, 256)
+    lengths = torch.tensor([199, 120, 150])
+    runner.block_tables[:, :50] = torch.randperm(150, generator=gen).view(3, 50).int()
+    runner.positions[:3] = lengths
+    runner.input_ids[:3] = torch.randint(256, (3,), generator=gen)
+    runner.slot_mapping[:3] = runner.block_tables[torch.arange(3), lengths // 4].long() * 4 + lengths % 4
+    runner.context_lens[:3] = (lengths + 1).int()
+    native, before = NativeDecode.build(model, cache), torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for rows in (1, 3):
+            ids, positions, ctx = runner.input_ids[:rows], runner.positions[:rows], runner.decode_attention(rows, 50)
+            with torch.no_grad():
+                expected = model(ids, positions, ctx)
+                assert torch.equal(native(ids, positions, ctx, one_region=True), expected)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_one_region_refuses_linears_not_in_tiles():
+    model, gen = tiny_model(torch.bfloat16), torch.Generator().manual_seed(5)
+    runner = runner_at(model, 1, gen)
+    native = NativeDecode.build(model, runner.kv_cache)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="tiles"):
+        native(runner.input_ids[:1], runner.positions[:1], runner.decode_attention(1, 4), one_region=True)
 
 
 def test_the_plan_holds_the_step_arguments_until_its_native_decode_goes():
@@ -101,15 +138,16 @@ def test_a_step_refuses_what_is_not_a_plan():
                                            ctx.decode.block_tables, ctx.decode.context_lens)
 
 
-def test_a_slot_outside_the_cache_is_refused_and_nothing_is_written():
-    model, gen = tiny_model(torch.float32), torch.Generator().manual_seed(3)
+@pytest.mark.parametrize("kind, one_region", [(torch.float32, False), ("int4", False), ("int4", True)])
+def test_a_slot_outside_the_cache_is_refused_and_nothing_is_written(kind, one_region):
+    model, gen = tiny_model(kind), torch.Generator().manual_seed(3)
     runner = runner_at(model, 2, gen)
     native = NativeDecode.build(model, runner.kv_cache)
     ctx = runner.decode_attention(2, 4)
     k, v = runner.kv_cache.k.clone(), runner.kv_cache.v.clone()
     runner.slot_mapping[1] = runner.kv_cache.k.shape[1]                   # one past the last slot
     with torch.no_grad(), pytest.raises(RuntimeError, match="outside the cache"):
-        native(runner.input_ids[:2], runner.positions[:2], ctx)
+        native(runner.input_ids[:2], runner.positions[:2], ctx, one_region=one_region)
     assert torch.equal(runner.kv_cache.k, k) and torch.equal(runner.kv_cache.v, v)
 
 
@@ -144,7 +182,7 @@ def test_the_engine_gives_the_same_greedy_tokens_either_way(quantization, monkey
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     outputs = {}
-    for way in ("modules", "native"):
+    for way in ("modules", "native", "native, one region") if quantization else ("modules", "native"):
         monkeypatch.setattr(model_runner, "choose", lambda key, calls, way=way: timing.Choice(way, {}))
         llm = LLM(str(embedded_dir), quantization=quantization, dtype="bfloat16", num_kv_blocks=64)
         llm.llm_engine.model.model.fusion = "cpp"
@@ -152,4 +190,4 @@ def test_the_engine_gives_the_same_greedy_tokens_either_way(quantization, monkey
         tiled = all(getattr(l, "tiles", None) is not None for l in llm.llm_engine.model.modules()
                     if isinstance(l, Int4Linear))                         # chapter 11's race, on this CPU
         assert (llm.llm_engine.runner.native_plan is not None) == tiled   # bfloat16's dense Linears: always
-    assert outputs["native"] == outputs["modules"]
+    assert all(tokens == outputs["modules"] for tokens in outputs.values())

@@ -9,8 +9,8 @@ ModelRunner's decode (static buffers; a graph replay, or eager) and the greedy p
 transfer to the host waits for the GPU, so the time per step is the TPOT a request sees, scheduler aside.
 Models: "gpt2" (GPT-2 124M's shape, random weights) and "embedded" (SmolLM2-135M with its own weights).
 On a machine without CUDA there are no graphs to capture: only eager runs, and the output says so. Each result
-says how its steps were issued ("issued": "graph", "native" where a CPU runner chose appendix 11b's one C++ call a
-step, or "modules").
+says how its steps were issued ("issued": "graph", "native" or "native, one region" where a CPU runner chose
+appendix 11b's one C++ call a step, or "modules").
 
 Beside the batch-1 TPOT it prints the weights-over-bandwidth floors (chapter 08): a decode step reads every weight
 once, so no step can be faster than weight_bytes / the memory bandwidth. Two bandwidths are measured: a copy's
@@ -97,13 +97,13 @@ def time_steps(runner: ModelRunner, seqs, tables, steps: int, warmup: int) -> li
 
 
 def issued(runner: ModelRunner, batch_size: int) -> str:
-    """How the runner issued its decode steps of batch_size rows: "graph" (CUDA), "native" (appendix 11b's one C++
-    call a step, where the runner measured it faster) or "modules" (the model's forward)."""
+    """How the runner issued its decode steps of batch_size rows: "graph" (CUDA), "native" or "native, one region"
+    (appendix 11b's one C++ call a step, where the runner measured it faster) or "modules" (the model's forward)."""
     if runner.graphs:
         return "graph"
     plan = getattr(runner, "native_plan", None)
     choice = CHOICES.get(plan.key) if plan is not None and batch_size <= plan.max_rows else None
-    return "native" if choice is not None and choice.name == "native" else "modules"
+    return "modules" if choice is None else choice.name
 
 
 def measure(model, batch_sizes: list[int], context: int, steps: int, warmup: int, block_size: int) -> list[dict]:

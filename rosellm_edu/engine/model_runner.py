@@ -134,7 +134,7 @@ class ModelRunner:
             self.block_tables[:rows, :width].copy_(stage["block_tables"][:rows, :width], non_blocking=True)
         return width
 
-    # notebooks/11b_native_decode.ipynb, cell 33
+    # notebooks/11b_native_decode.ipynb, cell 46
     def run_decode(self, rows: int, width: int) -> torch.Tensor:
         """The model over the first `rows` rows of the buffers; logits (rows, vocab). On a CPU, through
         native_decode's choice."""
@@ -170,18 +170,23 @@ class ModelRunner:
                 self.graphs[rows] = graph
             torch.cuda.synchronize()
 
-    # notebooks/11b_native_decode.ipynb, cell 33
+    # notebooks/11b_native_decode.ipynb, cell 46
     def native_decode(self, ids: torch.Tensor, positions: torch.Tensor, ctx: PagedAttention) -> NativeDecode | None:
         """The NativeDecode a decode step of len(ids) rows runs through: where one can run it and it measured
-        faster than the model's modules at the first such step; else None (the modules)."""
+        faster than the model's modules at the first such step, one region a step or a region per kernel, whichever
+        measured faster; else None (the modules)."""
         if not hasattr(self, "native_plan"):                              # the model is loaded: built once
             self.native_plan = NativeDecode.build(self.model, self.kv_cache)
         plan = self.native_plan
         if plan is None or len(ids) > plan.max_rows:
             return None
-        choice = choose(plan.key, {"modules": lambda: self.model(ids, positions, ctx),
-                                   "native": lambda: plan(ids, positions, ctx)})
-        return plan if choice.name == "native" else None
+        ways = {"modules": lambda: self.model(ids, positions, ctx),
+                "native": lambda: plan(ids, positions, ctx, one_region=False)}
+        if plan.tiled:
+            ways["native, one region"] = lambda: plan(ids, positions, ctx, one_region=True)
+        choice = choose(plan.key, ways)
+        plan.one_region = choice.name == "native, one region"
+        return None if choice.name == "modules" else plan
 
 
 # notebooks/08_where_the_time_goes.ipynb, cell 43

@@ -11,11 +11,11 @@ from rosellm_edu.layers.quantization import Int4Linear, Int8GroupLinear, Int8Lin
 from rosellm_edu.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel
 
 
-# notebooks/11b_native_decode.ipynb, cell 21
+# notebooks/11b_native_decode.ipynb, cell 32
 NO_SCALES = torch.empty(0)
 
 
-# notebooks/11b_native_decode.ipynb, cell 21
+# notebooks/11b_native_decode.ipynb, cell 32
 def native_linear(layer: nn.Module) -> tuple[tuple, int] | None:
     """(weight, scales, bits), as the two calls take a Linear, and the most rows its loop takes; None for one
     they do not run (a bias, shapes the loops do not tile, a quantized layer not in tiles)."""
@@ -27,7 +27,7 @@ def native_linear(layer: nn.Module) -> tuple[tuple, int] | None:
     return None
 
 
-# notebooks/11b_native_decode.ipynb, cell 21
+# notebooks/11b_native_decode.ipynb, cell 32
 def native_layer(layer: nn.Module) -> tuple[tuple, int] | None:
     """A decoder layer's fixed arguments of attention_in and attention_out, and the most rows they take."""
     if (type(layer), type(layer.self_attn), type(layer.mlp)) != (LlamaDecoderLayer, LlamaAttention, LlamaMLP):
@@ -41,7 +41,7 @@ def native_layer(layer: nn.Module) -> tuple[tuple, int] | None:
     return (norm_in.weight, norm_in.eps, qkv, o, norm_out.weight, norm_out.eps, gate_up, down), min(rows)
 
 
-# notebooks/11b_native_decode.ipynb, cell 22
+# notebooks/11b_native_decode.ipynb, cell 33
 class NativeDecode:
     """A Llama's decode step on a CPU, issued as one native call after the embedding: up to max_rows sequences,
     one new token each, over one KV cache."""
@@ -56,6 +56,8 @@ class NativeDecode:
                                                        self.v_caches, self.scale, m.norm.weight, m.norm.eps)
         bits = sorted({linear[2] for args in layers for linear in args[2:4] + args[6:8]})
         self.key = f"decode step, {k.dtype}, {len(layers)} layers of {model.config.hidden_size}, Linears of {bits} bits"
+        self.tiled = 0 not in bits                         # every Linear in tiles: decode_region can run the step
+        self.one_region = False                            # the runner's choice, at its first decode step
 
     @classmethod
     def build(cls, model: nn.Module, kv_cache) -> "NativeDecode | None":
@@ -71,11 +73,13 @@ class NativeDecode:
         args, rows = zip(*layers)
         return cls(model, kv_cache.k, kv_cache.v, kv_cache.block_size, list(args), min(rows))
 
-    # notebooks/11b_native_decode.ipynb, cell 23
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
+    # notebooks/11b_native_decode.ipynb, cell 34
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx,
+                 one_region: bool | None = None) -> torch.Tensor:
         """input_ids, positions (rows,), one new token per sequence; ctx the step's PagedAttention, every sequence
-        decoding. Returns the hidden states (rows, hidden), as the model's forward does."""
-        d = ctx.decode
+        decoding. Returns the hidden states (rows, hidden), as the model's forward does. one_region: decode_region
+        rather than decode_step (by default, self.one_region)."""
+        d, ext = ctx.decode, cpu_decode.extension()
         x = self.model.embed_tokens(input_ids)                                        # (rows, hidden)
-        return cpu_decode.extension().decode_step(self.plan, x, positions, ctx.slot_mapping, d.block_tables,
-                                                  d.context_lens)
+        step = ext.decode_region if (self.one_region if one_region is None else one_region) else ext.decode_step
+        return step(self.plan, x, positions, ctx.slot_mapping, d.block_tables, d.context_lens)

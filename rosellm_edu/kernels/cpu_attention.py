@@ -9,7 +9,7 @@ import torch
 from rosellm_edu.kernels.build import build_cpp
 
 
-# notebooks/09_attention_kernels.ipynb, cell 43
+# notebooks/09_attention_kernels.ipynb, cell 44
 @functools.cache
 def extension():
     """The compiled kernel (chapter 04's build_cpp), or None where it cannot be built and attention falls back
@@ -18,7 +18,7 @@ def extension():
                      "attention falls back to chapter 04's kernel and the gather, which are slower")
 
 
-# notebooks/09_attention_kernels.ipynb, cell 44
+# notebooks/09_attention_kernels.ipynb, cell 45
 def paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, cu_query_lens, scale: float, *,
                                 tile: int = 32, partition: int = 0) -> torch.Tensor:
     """q (tokens, heads, d) packed: sequence i's new tokens are rows cu_query_lens[i] .. cu_query_lens[i+1]-1,
@@ -29,7 +29,7 @@ def paged_prefill_attention_cpu(q, k_cache, v_cache, block_tables, context_lens,
                                         cu_query_lens.contiguous(), scale, tile, partition)
 
 
-# notebooks/09_attention_kernels.ipynb, cell 44
+# notebooks/09_attention_kernels.ipynb, cell 45
 def paged_decode_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, scale: float, *,
                                partition: int = 0) -> torch.Tensor:
     """Chapter 04's decode contract, q (seqs, heads, d): one query per sequence, keys split when cores idle."""

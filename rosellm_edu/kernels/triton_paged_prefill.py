@@ -11,7 +11,7 @@ import triton.language as tl
 from rosellm_edu.kernels.triton_paged_attention import _online_softmax_step, paged_decode_attention
 
 
-# notebooks/09_attention_kernels.ipynb, cell 70
+# notebooks/09_attention_kernels.ipynb, cell 71
 @triton.jit
 def _load_kv_tile(k_ptr, v_ptr, table_row, keys, key_ok, kv_head, NUM_KV_HEADS: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                   HEAD_DIM: tl.constexpr):
@@ -25,7 +25,7 @@ def _load_kv_tile(k_ptr, v_ptr, table_row, keys, key_ok, kv_head, NUM_KV_HEADS: 
     return k, v
 
 
-# notebooks/09_attention_kernels.ipynb, cell 70
+# notebooks/09_attention_kernels.ipynb, cell 71
 @triton.jit
 def _online_softmax_tile(m, l, acc, s, v, PRECISION: tl.constexpr):
     """Chapter 04's online-softmax step for a tile of rows: m, l (BLOCK_M,), acc (BLOCK_M, HEAD_DIM) in float32,
@@ -38,7 +38,7 @@ def _online_softmax_tile(m, l, acc, s, v, PRECISION: tl.constexpr):
     return m_new, l, acc
 
 
-# notebooks/09_attention_kernels.ipynb, cell 71
+# notebooks/09_attention_kernels.ipynb, cell 72
 @triton.jit
 def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, cu_query_lens_ptr, tile_seq_ptr,
                           out_ptr, scale, table_stride, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
@@ -73,7 +73,7 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_pt
     tl.store(out_ptr + q_offs, out.to(out_ptr.dtype.element_ty), mask=(rows < query_len)[:, None])
 
 
-# notebooks/09_attention_kernels.ipynb, cell 73
+# notebooks/09_attention_kernels.ipynb, cell 74
 def _check_paged(q, k_cache, v_cache, block_tables, context_lens):
     """The checks both kernels share; raises ValueError naming what is wrong."""
     if k_cache.shape != v_cache.shape or k_cache.dim() != 4:
@@ -96,7 +96,7 @@ def _check_paged(q, k_cache, v_cache, block_tables, context_lens):
                          f"got {tuple(context_lens.shape)}")
 
 
-# notebooks/09_attention_kernels.ipynb, cell 74
+# notebooks/09_attention_kernels.ipynb, cell 75
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                             context_lens: torch.Tensor, cu_query_lens: torch.Tensor, scale: float,
                             block_m: int = 64, block_n: int = 64) -> torch.Tensor:
@@ -129,7 +129,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     return out
 
 
-# notebooks/09_attention_kernels.ipynb, cell 76
+# notebooks/09_attention_kernels.ipynb, cell 77
 @triton.jit
 def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, m_ptr, l_ptr, acc_ptr, scale,
                                table_stride, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
@@ -164,7 +164,7 @@ def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, context_le
     tl.store(acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=(g < GROUP)[:, None])
 
 
-# notebooks/09_attention_kernels.ipynb, cell 77
+# notebooks/09_attention_kernels.ipynb, cell 78
 @triton.jit
 def _merge_splits_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, num_splits, SPLITS_PAD: tl.constexpr,
                          HEAD_DIM: tl.constexpr):
@@ -182,17 +182,17 @@ def _merge_splits_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, num_splits, SPLITS_PAD:
     tl.store(out_ptr + row * HEAD_DIM + d, out.to(out_ptr.dtype.element_ty))
 
 
-# notebooks/09_attention_kernels.ipynb, cell 78
+# notebooks/09_attention_kernels.ipynb, cell 79
 PROGRAMS_PER_SM = 4   # enough programs in flight per SM to keep its loads overlapping
 
 
-# notebooks/09_attention_kernels.ipynb, cell 78
+# notebooks/09_attention_kernels.ipynb, cell 79
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-# notebooks/09_attention_kernels.ipynb, cell 78
+# notebooks/09_attention_kernels.ipynb, cell 79
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_blocks: int, num_sms: int) -> int:
     """Splits per sequence so that seqs * kv_heads * splits programs fill num_sms SMs, with every split
     owning at least one block of the widest table. 1 when the batch fills the GPU by itself."""
@@ -200,7 +200,7 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_blocks: int, num_sms
     return max(1, min(wanted, max_blocks))
 
 
-# notebooks/09_attention_kernels.ipynb, cell 79
+# notebooks/09_attention_kernels.ipynb, cell 80
 def paged_decode_attention_split_k(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                    block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                                    num_splits: int | None = None, max_context_len: int | None = None) -> torch.Tensor:

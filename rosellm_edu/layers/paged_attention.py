@@ -69,7 +69,7 @@ def gathered_decode_attention(q, k_cache, v_cache, block_tables, context_lens, s
                               torch.ones_like(context_lens))[:, 0]
 
 
-# notebooks/09_attention_kernels.ipynb, cell 56
+# notebooks/09_attention_kernels.ipynb, cell 57
 def gathered_prefill_attention(q, k_cache, v_cache, block_tables, context_lens, cu_query_lens,
                                scale: float) -> torch.Tensor:
     """The varlen prefill contract, q (tokens, heads, d) packed by cu_query_lens, computed by the gathered
@@ -83,15 +83,15 @@ def gathered_prefill_attention(q, k_cache, v_cache, block_tables, context_lens, 
     return out[valid]                                                      # (tokens, heads, d)
 
 
-# notebooks/09_attention_kernels.ipynb, cell 57
+# notebooks/09_attention_kernels.ipynb, cell 58
 PREFILL_OFFSETS = (0, 512, 1024, 2048)   # offset buckets: a batch counts as the largest its longest prefix reaches
 
 
-# notebooks/09_attention_kernels.ipynb, cell 57
+# notebooks/09_attention_kernels.ipynb, cell 58
 PREFILL_CHUNK = 128                      # queries of the chunk each bucket is measured on
 
 
-# notebooks/09_attention_kernels.ipynb, cell 57
+# notebooks/09_attention_kernels.ipynb, cell 58
 def decode_kernel(device: torch.device) -> Callable:
     """Decode attention on this device: Triton on a GPU; on a CPU chapter 09's kernel, else chapter 04's, else
     the gather."""
@@ -136,7 +136,7 @@ class PagedAttention:
                   for rows in (new == 1, new > 1)]
         return cls(k_pool, v_pool, block_size, on_device(slots, None, device), *groups, decode_kernel(device))
 
-    # notebooks/09_attention_kernels.ipynb, cell 61
+    # notebooks/09_attention_kernels.ipynb, cell 62
     def attend(self, layer_idx: int, q, k, v):
         k_pool, v_pool = self.k_pool[layer_idx], self.v_pool[layer_idx]
         k_pool.index_copy_(0, self.slot_mapping, k)
@@ -158,7 +158,7 @@ class PagedAttention:
         out[rows] = prefill(q[rows], k_blocks, v_blocks, p.block_tables, p.context_lens, cu_query_lens, scale)
         return out
 
-    # notebooks/09_attention_kernels.ipynb, cell 61
+    # notebooks/09_attention_kernels.ipynb, cell 62
     def packed_prefill(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows, cu_query_lens): the prefill group's stream rows, sequence after sequence, and their offsets (seqs + 1,)
         int32; computed on the first layer's call, then kept for the step. Their count is known on the host (the
@@ -193,7 +193,7 @@ def group_of(rows: torch.Tensor, tables, computed, new, starts, block_size: int,
                     to(n, torch.int32))
 
 
-# notebooks/09_attention_kernels.ipynb, cell 57
+# notebooks/09_attention_kernels.ipynb, cell 58
 def prefill_kernel(device: torch.device) -> Callable:
     """Varlen prefill attention on this device: Triton on a GPU; on a CPU chapter 09's kernel or the gather,
     chosen by measurement; the gather where no kernel can be built."""
@@ -205,7 +205,7 @@ def prefill_kernel(device: torch.device) -> Callable:
     return gathered_prefill_attention
 
 
-# notebooks/09_attention_kernels.ipynb, cell 58
+# notebooks/09_attention_kernels.ipynb, cell 59
 def measured_prefill_attention(q, k_cache, v_cache, block_tables, context_lens, cu_query_lens, scale: float):
     """The varlen prefill contract through chapter 09's kernel or the gather, whichever measured faster on this
     machine for the batch's dtype, head layout and offset bucket."""
@@ -215,7 +215,7 @@ def measured_prefill_attention(q, k_cache, v_cache, block_tables, context_lens, 
     return path(q, k_cache, v_cache, block_tables, context_lens, cu_query_lens, scale)
 
 
-# notebooks/09_attention_kernels.ipynb, cell 58
+# notebooks/09_attention_kernels.ipynb, cell 59
 def prefill_choice(dtype, heads: int, block_size: int, kv_heads: int, head_dim: int, offset: int) -> Choice:
     """Kernel or gather, timed once per process and bucket (timing.choose) on one chunk of PREFILL_CHUNK queries
     after the bucket's offset, random K/V in shuffled blocks."""

@@ -446,45 +446,65 @@ void merge_splits(const std::vector<float>& pm, const std::vector<float>& pl, co
 }
 
 // notebooks/09_attention_kernels.ipynb, cell 39
-// out (tokens, heads, d) from q (tokens, heads, d). With one split, items write their rows of out directly;
-// with several, each writes its (m, l, acc) and a second pass merges them, as two halves of a softmax merge.
+// One call: its inputs (q and out are (tokens, heads, d)), its items and, where the keys are split, the items'
+// partial results (m, l, acc) for a merge.
 template <typename T>
-void paged_attention(const T* q, const T* k, const T* v, const int32_t* tables, const int32_t* lens, const int32_t* cu,
-                     T* out, int64_t seqs, int64_t heads, int64_t kv_heads, int64_t d, int64_t bs, int64_t stride,
-                     float scale, int64_t tile, int64_t part) {
-  const int64_t group = heads / kv_heads, tokens = cu[seqs];
-  int64_t splits;
-  const int64_t per_item = tile == 1 ? kv_heads : 1;   // a decode item takes every kv head of its sequence
-  const auto items = plan(lens, cu, seqs, kv_heads, per_item, tile, part, splits);
-  std::vector<float> pm, pl, pacc;           // partial results (tokens, heads, splits [, d])
-  if (splits > 1) { pm.assign(tokens * heads * splits, NEG_INF); pl.resize(pm.size()); pacc.resize(pm.size() * d); }
-  at::parallel_for(0, int64_t(items.size()), 1, [&](int64_t begin, int64_t end) {
-    Scratch* ws = thread_scratch(per_item, tile * group, d);
-    for (int64_t it = begin; it < end; ++it) {
-      const Item& x = items[it];
-      const int64_t R = x.nq * group, pos0 = lens[x.seq] - (cu[x.seq + 1] - cu[x.seq]) + (x.q0 - cu[x.seq]);
-      const Paged<T> pg{k, v, tables + x.seq * stride, bs, kv_heads * d, d};
-      for (int64_t h = x.h0; h < x.h1; ++h) start_tile(q, ws[h - x.h0], x, h, heads, group, d, scale);
-      const int64_t k0 = x.split * part, k1 = std::min(k0 + part, pos0 + x.nq);
-      attend_range(pg, ws, x.h0, x.h1, x.nq, group, pos0, k0, k1);
-      for (int64_t h = x.h0; h < x.h1; ++h)
-      for (int64_t r = 0; r < R; ++r) {
-        const Scratch& w = ws[h - x.h0];
-        const int64_t row = (x.q0 + r / group) * heads + h * group + r % group;   // (token, head)
-        if (splits == 1) {
-          for (int64_t i = 0; i < d; ++i) out[row * d + i] = T(w.acc[r * d + i] / w.l[r]);
-        } else {
-          pm[row * splits + x.split] = w.m[r];
-          pl[row * splits + x.split] = w.l[r];
-          std::copy_n(w.acc.data() + r * d, d, pacc.data() + (row * splits + x.split) * d);
-        }
+struct Work {
+  const T *q, *k, *v;
+  const int32_t *tables, *lens, *cu;
+  T* out;
+  int64_t seqs, heads, kv_heads, d, bs, stride;
+  float scale;
+  int64_t tile, part, splits = 1, per_item = 1;
+  std::vector<Item> items;
+  std::vector<float> pm, pl, pacc;           // (tokens, heads, splits [, d])
+
+  void plan_items() {
+    per_item = tile == 1 ? kv_heads : 1;     // a decode item takes every kv head of its sequence
+    items = plan(lens, cu, seqs, kv_heads, per_item, tile, part, splits);
+    if (splits > 1) { pm.assign(cu[seqs] * heads * splits, NEG_INF); pl.resize(pm.size()); pacc.resize(pm.size() * d); }
+  }
+  void run(int64_t begin, int64_t end);      // items begin .. end-1, on this thread
+  void merge() { if (splits > 1) merge_splits(pm, pl, pacc, out, cu[seqs] * heads, splits, d); }
+};
+
+// notebooks/09_attention_kernels.ipynb, cell 40
+// With one split, items write their rows of out directly; with several, each writes its (m, l, acc) and merge()
+// combines them, as two halves of a softmax merge.
+template <typename T>
+void Work<T>::run(int64_t begin, int64_t end) {
+  const int64_t group = heads / kv_heads;
+  Scratch* ws = thread_scratch(per_item, tile * group, d);
+  for (int64_t it = begin; it < end; ++it) {
+    const Item& x = items[it];
+    const int64_t R = x.nq * group, pos0 = lens[x.seq] - (cu[x.seq + 1] - cu[x.seq]) + (x.q0 - cu[x.seq]);
+    const Paged<T> pg{k, v, tables + x.seq * stride, bs, kv_heads * d, d};
+    for (int64_t h = x.h0; h < x.h1; ++h) start_tile(q, ws[h - x.h0], x, h, heads, group, d, scale);
+    const int64_t k0 = x.split * part, k1 = std::min(k0 + part, pos0 + x.nq);
+    attend_range(pg, ws, x.h0, x.h1, x.nq, group, pos0, k0, k1);
+    for (int64_t h = x.h0; h < x.h1; ++h)
+    for (int64_t r = 0; r < R; ++r) {
+      const Scratch& w = ws[h - x.h0];
+      const int64_t row = (x.q0 + r / group) * heads + h * group + r % group;   // (token, head)
+      if (splits == 1) {
+        for (int64_t i = 0; i < d; ++i) out[row * d + i] = T(w.acc[r * d + i] / w.l[r]);
+      } else {
+        pm[row * splits + x.split] = w.m[r];
+        pl[row * splits + x.split] = w.l[r];
+        std::copy_n(w.acc.data() + r * d, d, pacc.data() + (row * splits + x.split) * d);
       }
     }
-  });
-  if (splits > 1) merge_splits(pm, pl, pacc, out, tokens * heads, splits, d);
+  }
 }
 
-// notebooks/09_attention_kernels.ipynb, cell 41
+template <typename T>
+void paged_attention(Work<T>& w) {
+  w.plan_items();
+  at::parallel_for(0, int64_t(w.items.size()), 1, [&](int64_t begin, int64_t end) { w.run(begin, end); });
+  w.merge();
+}
+
+// notebooks/09_attention_kernels.ipynb, cell 42
 // The entry points PyTorch calls: checks, then one template per dtype (float32, bfloat16, float16).
 torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
                                torch::Tensor context_lens, torch::Tensor cu_query_lens, double scale, int64_t tile,
@@ -506,11 +526,11 @@ torch::Tensor varlen_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
   TORCH_CHECK(tile >= 1, "tile must be >= 1");
   auto out = torch::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "varlen_attention", [&] {
-    paged_attention<scalar_t>(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
-                              block_tables.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(),
-                              cu_query_lens.data_ptr<int32_t>(), out.data_ptr<scalar_t>(), seqs, q.size(1),
-                              k_cache.size(2), q.size(2), k_cache.size(1), block_tables.stride(0), float(scale),
-                              tile, part);
+    Work<scalar_t> w{q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
+                     block_tables.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(),
+                     cu_query_lens.data_ptr<int32_t>(), out.data_ptr<scalar_t>(), seqs, q.size(1), k_cache.size(2),
+                     q.size(2), k_cache.size(1), block_tables.stride(0), float(scale), tile, part};
+    paged_attention(w);
   });
   return out;
 }

@@ -110,3 +110,193 @@ torch::Tensor decode_step(const pybind11::capsule& plan, torch::Tensor x, torch:
   return decode_layers(x, p.layers, positions, p.cos, p.sin, p.k_caches, p.v_caches, slots, block_tables,
                        context_lens, p.scale, p.norm, p.eps);
 }
+
+// notebooks/11b_native_decode.ipynb, cell 20
+#include <atomic>
+#include <chrono>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+inline void spin_pause() {             // tells the core it is waiting: the other hyperthread gets its cycles
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Threads that wait for each other by watching a counter, never sleeping: the last to arrive opens the next phase.
+struct SpinBarrier {
+  alignas(64) std::atomic<int> arrived{0};
+  alignas(64) std::atomic<int> phase{0};
+  int threads = 1;
+  void wait() {
+    if (threads == 1) return;
+    const int p = phase.load(std::memory_order_relaxed);
+    if (arrived.fetch_add(1, std::memory_order_acq_rel) == threads - 1) {
+      arrived.store(0, std::memory_order_relaxed);
+      phase.store(p + 1, std::memory_order_release);
+    } else {
+      while (phase.load(std::memory_order_acquire) == p) spin_pause();
+    }
+  }
+};
+
+// notebooks/11b_native_decode.ipynb, cell 21
+// f(thread, threads) on every thread of one parallel region, bar sized to its team.
+template <typename F>
+void in_region(SpinBarrier& bar, const F& f) {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(at::get_num_threads())
+  {
+#pragma omp single
+    bar.threads = omp_get_num_threads();
+    f(omp_get_thread_num(), omp_get_num_threads());
+  }
+#else
+  f(0, 1);
+#endif
+}
+
+// Microseconds each: an empty at::parallel_for over every thread, opened and closed `calls` times; a barrier,
+// passed `calls` times inside one region.
+std::vector<double> region_costs(int64_t calls) {
+  using clock = std::chrono::steady_clock;
+  const auto us = [&](clock::time_point start) {
+    return std::chrono::duration<double, std::micro>(clock::now() - start).count() / calls;
+  };
+  auto start = clock::now();
+  for (int64_t i = 0; i < calls; ++i) at::parallel_for(0, at::get_num_threads(), 1, [](int64_t, int64_t) {});
+  const double fork_join = us(start);
+  SpinBarrier bar;
+  start = clock::now();
+  in_region(bar, [&](int, int) { for (int64_t i = 0; i < calls; ++i) bar.wait(); });
+  return {fork_join, us(start)};
+}
+
+// notebooks/11b_native_decode.ipynb, cell 23
+// A Linear in tiles as the region runs it: checked once a step, before any thread starts.
+struct TiledLinear { Tiles w; int64_t bits, count; };           // count: tiles of 16 output columns
+
+TiledLinear tiled(const Linear& l) {
+  const auto& [tiles, dm, bits] = l;
+  TORCH_CHECK(bits != 0, "decode_region runs Linears in tiles (int4 or int8) only");
+  return {check_tiles(tiles, dm, bits), bits, tiles.size(0)};
+}
+
+// This thread's share of y (M, N) = x (M, K) @ W^T: its run of tiles. Each thread quantizes x itself, a few
+// hundred bytes a row: cheaper than waiting for one thread to do it.
+template <typename T>
+void tiled_share(const T* x, int64_t M, const TiledLinear& l, T* y, int t, int n) {
+  const int64_t chunk = (l.count + n - 1) / n, begin = std::min(l.count, t * chunk);
+  const Q8Rows xq = quantize_rows(x, M, l.w.G * 32, M - M % 8 + padded_rows(M % 8));
+  (l.bits == 4 ? tile_range<T, 4> : tile_range<T, 8>)(xq, l.w, y, M, l.count * 16, begin,
+                                                        std::min(l.count, begin + chunk));
+}
+
+// What the threads of a step's region share: its buffers (rows first), shapes, inputs and each layer's Linears.
+template <typename T>
+struct Region {
+  T *x, *residual, *qkv, *q, *attn, *gate_up, *act;
+  int64_t M, hidden, heads, kv, d, inter;
+  const int64_t *positions, *slots;
+  std::vector<std::array<TiledLinear, 4>> linears;                   // a layer's qkv, o, gate_up, down
+};
+
+// notebooks/11b_native_decode.ipynb, cell 24
+// Layer i on thread t of n. Between phases, a barrier; thread 0 alone runs the steps of a few microseconds.
+template <typename T>
+void layer_share(const DecodePlan& p, size_t i, Region<T>& s, Work<T>& work, SpinBarrier& bar, int t, int n) {
+  const auto& [norm_in, eps_in, _qkv, _o, norm_out, eps_out, _gate_up, _down] = p.layers[i];   // the norms here
+  const auto& [qkv_l, o_l, gate_up_l, down_l] = s.linears[i];
+  const int64_t M = s.M, width = (s.heads + 2 * s.kv) * s.d, row = s.kv * s.d;     // qkv's row, a slot's
+  if (t == 0) add_rms_norm<T>(s.x, s.residual, norm_in.data_ptr<T>(), M, s.hidden, float(eps_in), i > 0);
+  bar.wait();
+  tiled_share(s.x, M, qkv_l, s.qkv, t, n);
+  bar.wait();
+  if (t == 0) {                                  // rotary on q and k; k and v into their slots; q packed for attention
+    rotary<T>(s.qkv, width, s.positions, p.cos.data_ptr<T>(), p.sin.data_ptr<T>(), M, s.heads + s.kv, s.d);
+    T *k = p.k_caches[i].data_ptr<T>(), *v = p.v_caches[i].data_ptr<T>();
+    work.k = k, work.v = v;
+    for (int64_t r = 0; r < M; ++r) {
+      const T* qkv_r = s.qkv + r * width;
+      std::memcpy(k + s.slots[r] * row, qkv_r + s.heads * s.d, row * sizeof(T));
+      std::memcpy(v + s.slots[r] * row, qkv_r + (s.heads + s.kv) * s.d, row * sizeof(T));
+      std::memcpy(s.q + r * s.heads * s.d, qkv_r, s.heads * s.d * sizeof(T));
+    }
+  }
+  bar.wait();
+  const int64_t items = work.items.size(), per = (items + n - 1) / n;
+  work.run(std::min(items, t * per), std::min(items, (t + 1) * per));
+  bar.wait();
+  if (work.splits > 1) { if (t == 0) work.merge(); bar.wait(); }
+  tiled_share(s.attn, M, o_l, s.x, t, n);
+  bar.wait();
+  if (t == 0) add_rms_norm<T>(s.x, s.residual, norm_out.data_ptr<T>(), M, s.hidden, float(eps_out), true);
+  bar.wait();
+  tiled_share(s.x, M, gate_up_l, s.gate_up, t, n);
+  bar.wait();
+  if (t == 0) silu_and_mul<T>(s.gate_up, s.act, M, s.inter);
+  bar.wait();
+  tiled_share(s.act, M, down_l, s.x, t, n);
+  bar.wait();
+}
+
+// notebooks/11b_native_decode.ipynb, cell 26
+// What the kernels' wrappers check in decode_step, checked before the region starts: no thread of it may throw.
+void check_step(const DecodePlan& p, const torch::Tensor& x, const torch::Tensor& positions, const torch::Tensor& slots,
+                const torch::Tensor& block_tables, const torch::Tensor& context_lens) {
+  check_rows(x, "x");
+  const int64_t M = x.size(0), n_slots = p.k_caches[0].numel() / p.k_caches[0].size(2) / p.k_caches[0].size(3);
+  TORCH_CHECK(x.scalar_type() == p.cos.scalar_type() && x.size(1) == p.norm.size(0), "x must be (rows, ",
+              p.norm.size(0), ") in the plan's dtype");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() && positions.numel() == M &&
+              slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == M,
+              "positions and slots must be int64, one a row");
+  for (int64_t r = 0; r < M; ++r) {
+    const int64_t pos = positions.data_ptr<int64_t>()[r], slot = slots.data_ptr<int64_t>()[r];
+    TORCH_CHECK(pos >= 0 && pos < p.cos.size(0), "position ", pos, " is outside [0, ", p.cos.size(0), ")");
+    TORCH_CHECK(slot >= 0 && slot < n_slots, "slot ", slot, " is outside the cache's ", n_slots);
+  }
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.dim() == 2 && block_tables.stride(1) == 1 &&
+              block_tables.size(0) == M && context_lens.scalar_type() == at::kInt && context_lens.is_contiguous() &&
+              context_lens.numel() == M, "block_tables (rows, width) and context_lens (rows,) must be int32");
+}
+
+// notebooks/11b_native_decode.ipynb, cell 27
+// decode_step in one parallel region, for a plan whose Linears are all in tiles: every thread runs every layer,
+// taking its share of each matmul and of attention's items. The same kernels on the same shares: the same output.
+torch::Tensor decode_region(const pybind11::capsule& plan, torch::Tensor x, torch::Tensor positions,
+                            torch::Tensor slots, torch::Tensor block_tables, torch::Tensor context_lens) {
+  TORCH_CHECK(plan.name() && std::string(plan.name()) == "DecodePlan", "decode_region takes decode_plan's capsule");
+  const DecodePlan& p = *plan.get_pointer<DecodePlan>();
+  check_step(p, x, positions, slots, block_tables, context_lens);
+  std::vector<std::array<TiledLinear, 4>> linears;
+  for (const auto& l : p.layers) {
+    linears.push_back({tiled(std::get<2>(l)), tiled(std::get<3>(l)), tiled(std::get<6>(l)), tiled(std::get<7>(l))});
+    for (int j = 0; j < 4; ++j)
+      TORCH_CHECK(linears.back()[j].count == linears[0][j].count, "decode_region: every layer shaped as the first");
+  }
+  const int64_t M = x.size(0), d = p.cos.size(1), kv = p.k_caches[0].size(2), bs = p.k_caches[0].size(1);
+  const int64_t width = linears[0][0].count * 16, heads = width / d - 2 * kv, inter = linears[0][2].count * 8;
+  auto residual = torch::empty_like(x), qkv = x.new_empty({M, width}), q = x.new_empty({M, heads, d});
+  auto attn = torch::empty_like(q), gate_up = x.new_empty({M, 2 * inter}), act = x.new_empty({M, inter});
+  const auto cu = torch::arange(M + 1, torch::kInt32);
+  DISPATCH(x.scalar_type(), "decode_region", [&] {
+    using T = scalar_t;
+    Region<T> s{x.data_ptr<T>(), residual.data_ptr<T>(), qkv.data_ptr<T>(), q.data_ptr<T>(), attn.data_ptr<T>(),
+                gate_up.data_ptr<T>(), act.data_ptr<T>(), M, x.size(1), heads, kv, d, inter,
+                positions.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), std::move(linears)};
+    Work<T> work{q.data_ptr<T>(), nullptr, nullptr, block_tables.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(),
+                 cu.data_ptr<int32_t>(), attn.data_ptr<T>(), M, heads, kv, d, bs, block_tables.stride(0),
+                 float(p.scale), 1, 0};
+    work.plan_items();
+    SpinBarrier bar;
+    in_region(bar, [&](int t, int n) {
+      for (size_t i = 0; i < p.layers.size(); ++i) layer_share(p, i, s, work, bar, t, n);
+    });
+  });
+  fused_add_rms_norm(x, residual, p.norm, p.eps, true);
+  return x;
+}

@@ -451,22 +451,24 @@ torch::Tensor tiled_dequantize_out(torch::Tensor tiles, torch::Tensor dm, int64_
 #else
 #define TILE_ROWS tile_rows
 #endif
-
 inline int64_t padded_rows(int64_t rows) { return rows <= 2 ? rows : rows <= 4 ? 4 : 8; }   // a block of <= 8
 
-// Each thread takes whole tiles and runs every block of 8 rows on a tile before the next: a tile comes from memory
+// Tiles begin .. end-1 of y (M, N), every block of 8 rows on a tile before the next: a tile comes from memory
 // once, and the blocks after the first find it in the core's cache.
 template <typename T, int BITS>
+void tile_range(const Q8Rows& x, const Tiles& w, T* y, int64_t M, int64_t N, int64_t begin, int64_t end) {
+  for (int64_t tile = begin; tile < end; ++tile)
+    for (int64_t r0 = 0; r0 < M; r0 += 8) {
+      const int64_t rows = std::min<int64_t>(M - r0, 8), padded = padded_rows(rows);
+      auto f = padded == 1 ? TILE_ROWS<T, 1, BITS> : padded == 2 ? TILE_ROWS<T, 2, BITS>
+             : padded == 4 ? TILE_ROWS<T, 4, BITS> : TILE_ROWS<T, 8, BITS>;
+      f(x, r0, rows, w, tile, y, N);
+    }
+}
+
+template <typename T, int BITS>                     // each thread takes whole tiles
 void tiled_blocks(const Q8Rows& x, const Tiles& w, T* y, int64_t M, int64_t N) {
-  at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t tile = begin; tile < end; ++tile)
-      for (int64_t r0 = 0; r0 < M; r0 += 8) {
-        const int64_t rows = std::min<int64_t>(M - r0, 8), padded = padded_rows(rows);
-        auto f = padded == 1 ? TILE_ROWS<T, 1, BITS> : padded == 2 ? TILE_ROWS<T, 2, BITS>
-               : padded == 4 ? TILE_ROWS<T, 4, BITS> : TILE_ROWS<T, 8, BITS>;
-        f(x, r0, rows, w, tile, y, N);
-      }
-  });
+  at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) { tile_range<T, BITS>(x, w, y, M, N, begin, end); });
 }
 
 torch::Tensor tiled_linear(torch::Tensor x, torch::Tensor tiles, torch::Tensor dm, int64_t bits) {
