@@ -67,12 +67,11 @@ def test_the_native_step_computes_what_the_modules_compute(kind):
         native = NativeDecode.build(model, runner.kv_cache)
         assert native is not None and native.max_rows == ROWS[kind]
         ids, positions = runner.input_ids[:rows], runner.positions[:rows]
-        assert native.tiled == (kind in ("int4", "int8"))
         ctx = runner.decode_attention(rows, 4)
         with torch.no_grad():
             expected = model(ids, positions, ctx)
             k, v = runner.kv_cache.k.clone(), runner.kv_cache.v.clone()
-        for one_region in (False, True) if native.tiled else (False,):
+        for one_region in (False, True):
             slots = runner.slot_mapping[:rows]
             runner.kv_cache.k[:, slots], runner.kv_cache.v[:, slots] = 0, 0     # written again, or the test fails
             with torch.no_grad():
@@ -81,11 +80,12 @@ def test_the_native_step_computes_what_the_modules_compute(kind):
             assert torch.equal(runner.kv_cache.k, k) and torch.equal(runner.kv_cache.v, v)
 
 
+@pytest.mark.parametrize("kind", ["int4", torch.bfloat16])
 @pytest.mark.parametrize("threads", [1, 3])
-def test_one_region_computes_what_the_modules_compute_on_any_team_with_keys_split(threads):
+def test_one_region_computes_what_the_modules_compute_on_any_team_with_keys_split(kind, threads):
     """Sequences of 120-200 keys, so that attention splits them (flash-decoding) where there are threads to feed;
-    three threads take unequal shares of the tiles, and one runs the region alone."""
-    model, gen = tiny_model("int4"), torch.Generator().manual_seed(4)
+    three threads take unequal shares of the columns, and one runs the region alone."""
+    model, gen = tiny_model(kind), torch.Generator().manual_seed(4)
     cache = KVCache(model.config, 3 * 50, 4, torch.bfloat16)
     cache.k.normal_(generator=gen), cache.v.normal_(generator=gen)
     runner = ModelRunner(model, cache, 3, 256)
@@ -107,12 +107,14 @@ def test_one_region_computes_what_the_modules_compute_on_any_team_with_keys_spli
         torch.set_num_threads(before)
 
 
-def test_one_region_refuses_linears_not_in_tiles():
+def test_one_region_refuses_more_rows_than_the_few_rows_loop_takes_and_writes_nothing():
     model, gen = tiny_model(torch.bfloat16), torch.Generator().manual_seed(5)
-    runner = runner_at(model, 1, gen)
+    runner = runner_at(model, 5, gen)
     native = NativeDecode.build(model, runner.kv_cache)
-    with torch.no_grad(), pytest.raises(RuntimeError, match="tiles"):
-        native(runner.input_ids[:1], runner.positions[:1], runner.decode_attention(1, 4), one_region=True)
+    k, v = runner.kv_cache.k.clone(), runner.kv_cache.v.clone()
+    with torch.no_grad(), pytest.raises(RuntimeError, match="at most 4 rows"):
+        native(runner.input_ids[:5], runner.positions[:5], runner.decode_attention(5, 4), one_region=True)
+    assert torch.equal(runner.kv_cache.k, k) and torch.equal(runner.kv_cache.v, v)
 
 
 def test_the_plan_holds_the_step_arguments_until_its_native_decode_goes():
@@ -138,7 +140,8 @@ def test_a_step_refuses_what_is_not_a_plan():
                                            ctx.decode.block_tables, ctx.decode.context_lens)
 
 
-@pytest.mark.parametrize("kind, one_region", [(torch.float32, False), ("int4", False), ("int4", True)])
+@pytest.mark.parametrize("kind, one_region", [(torch.float32, False), (torch.bfloat16, True), ("int4", False),
+                                              ("int4", True)])
 def test_a_slot_outside_the_cache_is_refused_and_nothing_is_written(kind, one_region):
     model, gen = tiny_model(kind), torch.Generator().manual_seed(3)
     runner = runner_at(model, 2, gen)
@@ -182,7 +185,7 @@ def test_the_engine_gives_the_same_greedy_tokens_either_way(quantization, monkey
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     outputs = {}
-    for way in ("modules", "native", "native, one region") if quantization else ("modules", "native"):
+    for way in ("modules", "native", "native, one region"):
         monkeypatch.setattr(model_runner, "choose", lambda key, calls, way=way: timing.Choice(way, {}))
         llm = LLM(str(embedded_dir), quantization=quantization, dtype="bfloat16", num_kv_blocks=64)
         llm.llm_engine.model.model.fusion = "cpp"

@@ -181,9 +181,8 @@ class ModelRunner:
         if plan is None or len(ids) > plan.max_rows:
             return None
         ways = {"modules": lambda: self.model(ids, positions, ctx),
-                "native": lambda: plan(ids, positions, ctx, one_region=False)}
-        if plan.tiled:
-            ways["native, one region"] = lambda: plan(ids, positions, ctx, one_region=True)
+                "native": lambda: plan(ids, positions, ctx, one_region=False),
+                "native, one region": lambda: plan(ids, positions, ctx, one_region=True)}
         choice = choose(plan.key, ways)
         plan.one_region = choice.name == "native, one region"
         return None if choice.name == "modules" else plan

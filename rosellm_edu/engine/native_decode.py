@@ -56,7 +56,6 @@ class NativeDecode:
                                                        self.v_caches, self.scale, m.norm.weight, m.norm.eps)
         bits = sorted({linear[2] for args in layers for linear in args[2:4] + args[6:8]})
         self.key = f"decode step, {k.dtype}, {len(layers)} layers of {model.config.hidden_size}, Linears of {bits} bits"
-        self.tiled = 0 not in bits                         # every Linear in tiles: decode_region can run the step
         self.one_region = False                            # the runner's choice, at its first decode step
 
     @classmethod

@@ -40,7 +40,7 @@ def rotary_reference(positions, q, k, cos, sin):
     return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
 
 
-# notebooks/10_fewer_passes.ipynb, cell 41
+# notebooks/10_fewer_passes.ipynb, cell 42
 @functools.cache
 def extension():
     """The compiled kernels (`make model` builds them ahead), or None where they cannot be built and the model
@@ -112,20 +112,20 @@ def torch_linear(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
     return F.linear(x, layer.weight, layer.bias)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 41
+# notebooks/10_fewer_passes.ipynb, cell 42
 def few_rows_linear_cpp(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     """F.linear(x, layer.weight, layer.bias) for x (rows, in_features), by the kernel (no bias, K % 32 == 0,
     N % 16 == 0, at most 4 rows)."""
     return extension().linear_few_rows(x.contiguous(), layer.weight)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 50
+# notebooks/10_fewer_passes.ipynb, cell 51
 # nn.Linear -> a copy of its weight in oneDNN's layout: made once, so a weight changed in place later needs packing
 # again; a deep copy of the model has none, and multiplies by its plain weights
 BLOCKED = weakref.WeakKeyDictionary()
 
 
-# notebooks/10_fewer_passes.ipynb, cell 50
+# notebooks/10_fewer_passes.ipynb, cell 51
 def pack_weights(linears: list[nn.Linear], rows: int = REGIMES["decode"]) -> bool:
     """Keep a second copy of each Linear's weight in oneDNN's layout for `rows` rows. False, and nothing kept,
     where this PyTorch or CPU cannot (no oneDNN, or no path for the dtype)."""
@@ -136,13 +136,13 @@ def pack_weights(linears: list[nn.Linear], rows: int = REGIMES["decode"]) -> boo
     return True
 
 
-# notebooks/10_fewer_passes.ipynb, cell 50
+# notebooks/10_fewer_passes.ipynb, cell 51
 def unpack_weights(linears: list[nn.Linear]) -> None:
     for m in linears:
         BLOCKED.pop(m, None)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 50
+# notebooks/10_fewer_passes.ipynb, cell 51
 def packed_linear(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
     """x (rows, in_features) -> (rows, out_features) by oneDNN on the packed weight; torch_linear without one."""
     blocked = BLOCKED.get(layer)
@@ -151,7 +151,7 @@ def packed_linear(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), blocked, layer.bias, "none", [], "")
 
 
-# notebooks/10_fewer_passes.ipynb, cell 54
+# notebooks/10_fewer_passes.ipynb, cell 55
 FEW_ROWS = 4                 # up to this many rows, a matmul can go to the kernel (the lines above)
 
 
@@ -172,7 +172,7 @@ def linear_cpp(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
     return torch_linear(x, layer)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 55
+# notebooks/10_fewer_passes.ipynb, cell 56
 @dataclass(frozen=True)
 class PointwiseOps:
     """The steps between a Llama layer's matmuls, and the matmuls themselves, by one implementation."""
@@ -190,7 +190,7 @@ TORCH_OPS = PointwiseOps(add_rms_norm_reference, silu_and_mul_reference, rotary_
 CPP_OPS = PointwiseOps(add_rms_norm_cpp, silu_and_mul_cpp, rotary_cpp, linear_cpp)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 55
+# notebooks/10_fewer_passes.ipynb, cell 56
 @functools.cache
 def compiled_ops() -> PointwiseOps:
     """PyTorch's ops through torch.compile, one graph for every token count (compiled at the first call)."""
@@ -199,17 +199,17 @@ def compiled_ops() -> PointwiseOps:
                         torch_linear)
 
 
-# notebooks/10_fewer_passes.ipynb, cell 55
+# notebooks/10_fewer_passes.ipynb, cell 56
 def kernels_usable(device: torch.device) -> bool:
     """The kernels write in place: a CPU, no autograd, and a compiler that built them."""
     return device.type == "cpu" and not torch.is_grad_enabled() and extension() is not None
 
 
-# notebooks/10_fewer_passes.ipynb, cell 56
+# notebooks/10_fewer_passes.ipynb, cell 57
 DECODE_ROWS = 128            # a step of up to this many rows takes the decode choices, a longer one the prefill's
 
 
-# notebooks/10_fewer_passes.ipynb, cell 56
+# notebooks/10_fewer_passes.ipynb, cell 57
 def timed_linears(linear: Callable, linears: list[nn.Module], rows: int, dtype: torch.dtype) -> Callable:
     """A call of `linear` on every layer in `linears`, x (rows, in_features): the matmuls of one step."""
     g = torch.Generator().manual_seed(rows)
@@ -217,7 +217,7 @@ def timed_linears(linear: Callable, linears: list[nn.Module], rows: int, dtype: 
     return lambda: [linear(xs[m.in_features], m) for m in linears]
 
 
-# notebooks/10_fewer_passes.ipynb, cell 56
+# notebooks/10_fewer_passes.ipynb, cell 57
 def fusion_choices(model: nn.Module) -> dict[str, Choice]:
     """For a LlamaModel on this CPU: per piece and kind of step, "cpp" (the kernel), "torch" (PyTorch's op) or, for
     the bfloat16 Linears of a decode batch, "packed", measured at the model's shapes in its dtype by timing.choose
@@ -246,7 +246,7 @@ def fusion_choices(model: nn.Module) -> dict[str, Choice]:
     return choices
 
 
-# notebooks/10_fewer_passes.ipynb, cell 57
+# notebooks/10_fewer_passes.ipynb, cell 58
 def auto_ops(choices: dict[str, Choice], rows: int) -> PointwiseOps:
     """For a step of `rows` rows, each piece by what `choices` measured faster there (PyTorch's op if unmeasured)."""
     regime = "decode" if rows <= DECODE_ROWS else "prefill"
@@ -260,7 +260,7 @@ def auto_ops(choices: dict[str, Choice], rows: int) -> PointwiseOps:
                         pick("rotary", f"rotary, {regime}"), pick("linear", linear))
 
 
-# notebooks/10_fewer_passes.ipynb, cell 58
+# notebooks/10_fewer_passes.ipynb, cell 59
 def pointwise_ops(device: torch.device, fusion: str = "auto", choices: dict[str, Choice] | None = None,
                   rows: int = 1) -> PointwiseOps:
     """fusion: "auto" (per piece, what `choices` measured faster for a step of `rows` rows; PyTorch's ops where the

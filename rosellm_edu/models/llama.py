@@ -28,7 +28,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=bias)
         self.attn = Attention(layer_idx)
 
-    # notebooks/10_fewer_passes.ipynb, cell 60
+    # notebooks/10_fewer_passes.ipynb, cell 61
     def forward(self, x, positions, rotary: RotaryEmbedding, ctx: AttentionContext | None, ops: PointwiseOps):
         n = x.shape[0]                                                     # x: (tokens, hidden)
         q, k, v = ops.linear(x, self.qkv_proj).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -47,7 +47,7 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
-    # notebooks/10_fewer_passes.ipynb, cell 60
+    # notebooks/10_fewer_passes.ipynb, cell 61
     def forward(self, x, ops: PointwiseOps):
         return ops.linear(ops.silu_and_mul(ops.linear(x, self.gate_up_proj)), self.down_proj)   # one call for SiLU x up
 
@@ -61,7 +61,7 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    # notebooks/10_fewer_passes.ipynb, cell 60
+    # notebooks/10_fewer_passes.ipynb, cell 61
     def forward(self, x, residual, positions, rotary, ctx, ops: PointwiseOps):
         """x: the previous layer's output, not yet added to residual (the embeddings, with residual None, for the
         first layer). Returns this layer's output and the residual, for the next layer to add."""
@@ -72,7 +72,7 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(x, ops), residual
 
 
-# notebooks/10_fewer_passes.ipynb, cell 61
+# notebooks/10_fewer_passes.ipynb, cell 62
 class LlamaModel(nn.Module):
     def __init__(self, config: PretrainedConfig):
         super().__init__()
@@ -117,7 +117,7 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions: (tokens,) -> hidden states (tokens, hidden)."""
         return self.model(input_ids, positions, ctx)
 
-    # notebooks/10_fewer_passes.ipynb, cell 61
+    # notebooks/10_fewer_passes.ipynb, cell 62
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         linear = self.model.ops(hidden.device, hidden.shape[0]).linear
         if linear is packed_linear and isinstance(self.lm_head, nn.Linear) and self.lm_head not in BLOCKED:

@@ -176,23 +176,35 @@ std::vector<double> region_costs(int64_t calls) {
 }
 
 // notebooks/11b_native_decode.ipynb, cell 23
-// A Linear in tiles as the region runs it: checked once a step, before any thread starts.
-struct TiledLinear { Tiles w; int64_t bits, count; };           // count: tiles of 16 output columns
+// A Linear as the region runs it, either kind: tiles, or a weight (N, K) in x's dtype for chapter 10's loop.
+struct RegionLinear { Tiles tiles; const void* weight; int64_t bits, N, K; };
 
-TiledLinear tiled(const Linear& l) {
-  const auto& [tiles, dm, bits] = l;
-  TORCH_CHECK(bits != 0, "decode_region runs Linears in tiles (int4 or int8) only");
-  return {check_tiles(tiles, dm, bits), bits, tiles.size(0)};
+RegionLinear region_linear(const Linear& l, const torch::Tensor& x) {
+  const auto& [w, dm, bits] = l;
+  if (bits != 0) return {check_tiles(w, dm, bits), nullptr, bits, w.size(0) * 16, w.size(1) * 32};
+  check_rows(w, "weight");
+  TORCH_CHECK(w.scalar_type() == x.scalar_type() && w.size(0) % 16 == 0 && w.size(1) % 32 == 0 && x.size(0) <= 4,
+              "a weight not in tiles: x's dtype, (N, K) with N % 16 == 0, K % 32 == 0, at most 4 rows of x");
+  return {Tiles{}, w.data_ptr(), 0, w.size(0), w.size(1)};
 }
 
-// This thread's share of y (M, N) = x (M, K) @ W^T: its run of tiles. Each thread quantizes x itself, a few
-// hundred bytes a row: cheaper than waiting for one thread to do it.
+std::pair<int64_t, int64_t> share(int64_t count, int t, int n) {    // thread t's run of count items
+  const int64_t per = (count + n - 1) / n;
+  return {std::min(count, t * per), std::min(count, (t + 1) * per)};
+}
+
+// This thread's share of y (M, N) = x (M, K) @ W^T: its run of blocks of 16 output columns. Each thread splits or
+// quantizes x itself, a few KB: cheaper than waiting for one thread to do it.
 template <typename T>
-void tiled_share(const T* x, int64_t M, const TiledLinear& l, T* y, int t, int n) {
-  const int64_t chunk = (l.count + n - 1) / n, begin = std::min(l.count, t * chunk);
-  const Q8Rows xq = quantize_rows(x, M, l.w.G * 32, M - M % 8 + padded_rows(M % 8));
-  (l.bits == 4 ? tile_range<T, 4> : tile_range<T, 8>)(xq, l.w, y, M, l.count * 16, begin,
-                                                        std::min(l.count, begin + chunk));
+void linear_share(const T* x, int64_t M, const RegionLinear& l, T* y, int t, int n) {
+  const auto [begin, end] = share(l.N / 16, t, n);
+  if (l.bits == 0) {
+    std::vector<float> xs(M * l.K);
+    split_rows(x, M * l.K, xs.data());
+    return few_rows_range(xs.data(), static_cast<const T*>(l.weight), y, M, l.N, l.K, begin, end);
+  }
+  const Q8Rows xq = quantize_rows(x, M, l.K, M - M % 8 + padded_rows(M % 8));
+  (l.bits == 4 ? tile_range<T, 4> : tile_range<T, 8>)(xq, l.tiles, y, M, l.N, begin, end);
 }
 
 // What the threads of a step's region share: its buffers (rows first), shapes, inputs and each layer's Linears.
@@ -201,7 +213,7 @@ struct Region {
   T *x, *residual, *qkv, *q, *attn, *gate_up, *act;
   int64_t M, hidden, heads, kv, d, inter;
   const int64_t *positions, *slots;
-  std::vector<std::array<TiledLinear, 4>> linears;                   // a layer's qkv, o, gate_up, down
+  std::vector<std::array<RegionLinear, 4>> linears;                  // a layer's qkv, o, gate_up, down
 };
 
 // notebooks/11b_native_decode.ipynb, cell 24
@@ -213,7 +225,7 @@ void layer_share(const DecodePlan& p, size_t i, Region<T>& s, Work<T>& work, Spi
   const int64_t M = s.M, width = (s.heads + 2 * s.kv) * s.d, row = s.kv * s.d;     // qkv's row, a slot's
   if (t == 0) add_rms_norm<T>(s.x, s.residual, norm_in.data_ptr<T>(), M, s.hidden, float(eps_in), i > 0);
   bar.wait();
-  tiled_share(s.x, M, qkv_l, s.qkv, t, n);
+  linear_share(s.x, M, qkv_l, s.qkv, t, n);
   bar.wait();
   if (t == 0) {                                  // rotary on q and k; k and v into their slots; q packed for attention
     rotary<T>(s.qkv, width, s.positions, p.cos.data_ptr<T>(), p.sin.data_ptr<T>(), M, s.heads + s.kv, s.d);
@@ -227,19 +239,19 @@ void layer_share(const DecodePlan& p, size_t i, Region<T>& s, Work<T>& work, Spi
     }
   }
   bar.wait();
-  const int64_t items = work.items.size(), per = (items + n - 1) / n;
-  work.run(std::min(items, t * per), std::min(items, (t + 1) * per));
+  const auto [begin, end] = share(work.items.size(), t, n);
+  work.run(begin, end);
   bar.wait();
   if (work.splits > 1) { if (t == 0) work.merge(); bar.wait(); }
-  tiled_share(s.attn, M, o_l, s.x, t, n);
+  linear_share(s.attn, M, o_l, s.x, t, n);
   bar.wait();
   if (t == 0) add_rms_norm<T>(s.x, s.residual, norm_out.data_ptr<T>(), M, s.hidden, float(eps_out), true);
   bar.wait();
-  tiled_share(s.x, M, gate_up_l, s.gate_up, t, n);
+  linear_share(s.x, M, gate_up_l, s.gate_up, t, n);
   bar.wait();
   if (t == 0) silu_and_mul<T>(s.gate_up, s.act, M, s.inter);
   bar.wait();
-  tiled_share(s.act, M, down_l, s.x, t, n);
+  linear_share(s.act, M, down_l, s.x, t, n);
   bar.wait();
 }
 
@@ -264,22 +276,32 @@ void check_step(const DecodePlan& p, const torch::Tensor& x, const torch::Tensor
               context_lens.numel() == M, "block_tables (rows, width) and context_lens (rows,) must be int32");
 }
 
+// Each layer's Linears as the region runs them, every layer shaped as the first and as x and the caches.
+std::vector<std::array<RegionLinear, 4>> region_linears(const DecodePlan& p, const torch::Tensor& x) {
+  std::vector<std::array<RegionLinear, 4>> linears;
+  for (const auto& l : p.layers)
+    linears.push_back({region_linear(std::get<2>(l), x), region_linear(std::get<3>(l), x),
+                       region_linear(std::get<6>(l), x), region_linear(std::get<7>(l), x)});
+  const int64_t hidden = x.size(1), d = p.cos.size(1), kv = p.k_caches[0].size(2);
+  const int64_t heads = linears[0][1].K / d, inter = linears[0][3].K;          // o takes heads * d; down, inter
+  for (const auto& [qkv, o, gate_up, down] : linears)
+    TORCH_CHECK(qkv.K == hidden && qkv.N == (heads + 2 * kv) * d && o.K == heads * d && o.N == hidden &&
+                gate_up.K == hidden && gate_up.N == 2 * inter && down.N == hidden && down.K == inter,
+                "decode_region: every layer's Linears shaped as the first's, for x and the caches");
+  return linears;
+}
+
 // notebooks/11b_native_decode.ipynb, cell 27
-// decode_step in one parallel region, for a plan whose Linears are all in tiles: every thread runs every layer,
-// taking its share of each matmul and of attention's items. The same kernels on the same shares: the same output.
+// decode_step in one parallel region: every thread runs every layer, taking its share of each matmul and of
+// attention's items. The same kernels on the same shares: the same output.
 torch::Tensor decode_region(const pybind11::capsule& plan, torch::Tensor x, torch::Tensor positions,
                             torch::Tensor slots, torch::Tensor block_tables, torch::Tensor context_lens) {
   TORCH_CHECK(plan.name() && std::string(plan.name()) == "DecodePlan", "decode_region takes decode_plan's capsule");
   const DecodePlan& p = *plan.get_pointer<DecodePlan>();
   check_step(p, x, positions, slots, block_tables, context_lens);
-  std::vector<std::array<TiledLinear, 4>> linears;
-  for (const auto& l : p.layers) {
-    linears.push_back({tiled(std::get<2>(l)), tiled(std::get<3>(l)), tiled(std::get<6>(l)), tiled(std::get<7>(l))});
-    for (int j = 0; j < 4; ++j)
-      TORCH_CHECK(linears.back()[j].count == linears[0][j].count, "decode_region: every layer shaped as the first");
-  }
   const int64_t M = x.size(0), d = p.cos.size(1), kv = p.k_caches[0].size(2), bs = p.k_caches[0].size(1);
-  const int64_t width = linears[0][0].count * 16, heads = width / d - 2 * kv, inter = linears[0][2].count * 8;
+  auto linears = region_linears(p, x);
+  const int64_t width = linears[0][0].N, heads = linears[0][1].K / d, inter = linears[0][3].K;
   auto residual = torch::empty_like(x), qkv = x.new_empty({M, width}), q = x.new_empty({M, heads, d});
   auto attn = torch::empty_like(q), gate_up = x.new_empty({M, 2 * inter}), act = x.new_empty({M, inter});
   const auto cu = torch::arange(M + 1, torch::kInt32);

@@ -167,78 +167,101 @@ void rotary_inplace(torch::Tensor positions, torch::Tensor x, torch::Tensor cos,
 #ifndef FEW_ROWS_PREFETCH
 #define FEW_ROWS_PREFETCH 1   // __builtin_prefetch's locality: 1 brings a line into L2, 3 into L1 as well
 #endif
-
-// y (M, N) = x (M, K) @ W (N, K)^T for M <= 4 rows, W read once and in order. K % 32 == 0, N % 16 == 0.
+// x's n values (n % 32 == 0) as floats xs, split as load32 splits W's rows: read once a row of W, not once a value.
 template <typename T>
-void few_rows_linear(const T* x, const T* w, T* y, int64_t M, int64_t N, int64_t K) {
-  std::vector<float> xs(M * K);                                 // x, split as load32 splits W's rows
-  for (int64_t i = 0; i < M * K; i += 32) {
+void split_v16(const T* x, int64_t n, float* xs) {
+  for (int64_t i = 0; i < n; i += 32) {
     v16 even, odd;
     load32(x + i, even, odd);
-    std::memcpy(xs.data() + i, &even, sizeof even);
-    std::memcpy(xs.data() + i + 16, &odd, sizeof odd);
+    std::memcpy(xs + i, &even, sizeof even), std::memcpy(xs + i + 16, &odd, sizeof odd);
   }
-  at::parallel_for(0, N / 16, 1, [&](int64_t begin, int64_t end) {
-    v16 part[4][16];                                             // (row of x, output column) partial sums
-    for (int64_t b = begin; b < end; ++b) {
-      for (int64_t t = 0; t < 16; ++t) {
-        const T* row = w + (b * 16 + t) * K;
-        v16 acc[4] = {};
-        for (int64_t c = 0; c < K; c += 32) {
-          __builtin_prefetch(reinterpret_cast<const char*>(row + 16 * K + c), 0, FEW_ROWS_PREFETCH);   // 16 rows ahead
-          v16 even, odd;
-          load32(row + c, even, odd);
-          for (int64_t m = 0; m < M; ++m) {
-            const v16* xm = reinterpret_cast<const v16*>(xs.data() + m * K + c);
-            acc[m] += xm[0] * even + xm[1] * odd;
-          }
+}
+
+// Blocks [begin, end) of 16 columns of y (M, N) = x (M, K) @ W (N, K)^T, M <= 4, x split: W read once, in order.
+template <typename T>
+void few_rows_v16(const float* xs, const T* w, T* y, int64_t M, int64_t N, int64_t K, int64_t begin, int64_t end) {
+  v16 part[4][16];                                               // (row of x, output column) partial sums
+  for (int64_t b = begin; b < end; ++b) {
+    for (int64_t t = 0; t < 16; ++t) {
+      const T* row = w + (b * 16 + t) * K;
+      v16 acc[4] = {};
+      for (int64_t c = 0; c < K; c += 32) {
+        __builtin_prefetch(reinterpret_cast<const char*>(row + 16 * K + c), 0, FEW_ROWS_PREFETCH);   // 16 rows ahead
+        v16 even, odd;
+        load32(row + c, even, odd);
+        for (int64_t m = 0; m < M; ++m) {
+          const v16* xm = reinterpret_cast<const v16*>(xs + m * K + c);
+          acc[m] += xm[0] * even + xm[1] * odd;
         }
-        for (int64_t m = 0; m < M; ++m) part[m][t] = acc[m];
       }
-      for (int64_t m = 0; m < M; ++m) {
-        const v16 s = sum16(part[m]);
-        for (int j = 0; j < 16; ++j) store(y, m * N + b * 16 + j, s[j]);
-      }
+      for (int64_t m = 0; m < M; ++m) part[m][t] = acc[m];
     }
-  });
+    for (int64_t m = 0; m < M; ++m) {
+      const v16 s = sum16(part[m]);
+      for (int j = 0; j < 16; ++j) store(y, m * N + b * 16 + j, s[j]);
+    }
+  }
 }
 
 // notebooks/10_fewer_passes.ipynb, cell 39
 #ifdef AVX2_WITHOUT_512
-template <typename T, int M>
-void few_rows_avx2(const T* x, const T* w, T* y, int64_t N, int64_t K) {
-  std::vector<float> xs(M * K);                                 // x, split as load16 splits W's rows
-  for (int64_t i = 0; i < M * K; i += 16) {
+template <typename T>
+void split_avx2(const T* x, int64_t n, float* xs) {            // as load16 splits W's rows
+  for (int64_t i = 0; i < n; i += 16) {
     __m256 a, b;
     load16(x + i, a, b);
-    _mm256_storeu_ps(xs.data() + i, a), _mm256_storeu_ps(xs.data() + i + 8, b);
+    _mm256_storeu_ps(xs + i, a), _mm256_storeu_ps(xs + i + 8, b);
   }
-  at::parallel_for(0, N / 4, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t n = 4 * begin; n < 4 * end; n += 4) {
-      __m256 acc[M][4];                                         // (row of x, row of W) partial sums
-      for (auto& row : acc) for (auto& a : row) a = _mm256_setzero_ps();
-      for (int64_t c = 0; c < K; c += 16) {
-        __m256 wa[4], wb[4];
-        for (int r = 0; r < 4; ++r) {
-          __builtin_prefetch(reinterpret_cast<const char*>(w + (n + 4 + r) * K + c), 0, FEW_ROWS_PREFETCH);   // next 4
-          load16(w + (n + r) * K + c, wa[r], wb[r]);
-        }
-        for (int m = 0; m < M; ++m) {
-          const __m256 xa = _mm256_loadu_ps(xs.data() + m * K + c), xb = _mm256_loadu_ps(xs.data() + m * K + c + 8);
-          for (int r = 0; r < 4; ++r) acc[m][r] = _mm256_fmadd_ps(xb, wb[r], _mm256_fmadd_ps(xa, wa[r], acc[m][r]));
-        }
+}
+
+template <typename T, int M>
+void few_rows_avx2(const float* xs, const T* w, T* y, int64_t N, int64_t K, int64_t begin, int64_t end) {
+  for (int64_t n = 16 * begin; n < 16 * end; n += 4) {          // blocks of 16 columns, four rows of W at once
+    __m256 acc[M][4];                                           // (row of x, row of W) partial sums
+    for (auto& row : acc) for (auto& a : row) a = _mm256_setzero_ps();
+    for (int64_t c = 0; c < K; c += 16) {
+      __m256 wa[4], wb[4];
+      for (int r = 0; r < 4; ++r) {
+        __builtin_prefetch(reinterpret_cast<const char*>(w + (n + 4 + r) * K + c), 0, FEW_ROWS_PREFETCH);   // next 4
+        load16(w + (n + r) * K + c, wa[r], wb[r]);
       }
-      for (int m = 0; m < M; ++m) {                             // four registers -> their four sums
-        const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(acc[m][0], acc[m][1]), _mm256_hadd_ps(acc[m][2], acc[m][3]));
-        const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-        for (int r = 0; r < 4; ++r) store(y, m * N + n + r, sums[r]);
+      for (int m = 0; m < M; ++m) {
+        const __m256 xa = _mm256_loadu_ps(xs + m * K + c), xb = _mm256_loadu_ps(xs + m * K + c + 8);
+        for (int r = 0; r < 4; ++r) acc[m][r] = _mm256_fmadd_ps(xb, wb[r], _mm256_fmadd_ps(xa, wa[r], acc[m][r]));
       }
     }
-  });
+    for (int m = 0; m < M; ++m) {                               // four registers -> their four sums
+      const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(acc[m][0], acc[m][1]), _mm256_hadd_ps(acc[m][2], acc[m][3]));
+      const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+      for (int r = 0; r < 4; ++r) store(y, m * N + n + r, sums[r]);
+    }
+  }
 }
 #endif
 
 // notebooks/10_fewer_passes.ipynb, cell 40
+// This CPU's loop, AVX2's (M a constant) or the v16 loop: x split for it, then blocks [begin, end) of 16 columns.
+template <typename T>
+void split_rows(const T* x, int64_t n, float* xs) {
+#ifdef AVX2_WITHOUT_512
+  split_avx2(x, n, xs);
+#else
+  split_v16(x, n, xs);
+#endif
+}
+
+template <typename T>
+void few_rows_range(const float* xs, const T* w, T* y, int64_t M, int64_t N, int64_t K, int64_t begin, int64_t end) {
+#ifdef AVX2_WITHOUT_512
+  using Loop = void (*)(const float*, const T*, T*, int64_t, int64_t, int64_t, int64_t);
+  const Loop loops[] = {few_rows_avx2<T, 1>, few_rows_avx2<T, 2>, few_rows_avx2<T, 3>, few_rows_avx2<T, 4>};
+  if (M > 0) loops[M - 1](xs, w, y, N, K, begin, end);
+#else
+  few_rows_v16(xs, w, y, M, N, K, begin, end);
+#endif
+}
+
+// notebooks/10_fewer_passes.ipynb, cell 41
 torch::Tensor linear_few_rows(torch::Tensor x, torch::Tensor weight) {
   check_rows(x, "x");
   check_rows(weight, "weight");
@@ -251,14 +274,11 @@ torch::Tensor linear_few_rows(torch::Tensor x, torch::Tensor weight) {
   DISPATCH(x.scalar_type(), "linear_few_rows", [&] {
     const scalar_t *xp = x.data_ptr<scalar_t>(), *wp = weight.data_ptr<scalar_t>();
     scalar_t* yp = y.data_ptr<scalar_t>();
-#ifdef AVX2_WITHOUT_512
-    using Loop = void (*)(const scalar_t*, const scalar_t*, scalar_t*, int64_t, int64_t);
-    const Loop loops[] = {few_rows_avx2<scalar_t, 1>, few_rows_avx2<scalar_t, 2>, few_rows_avx2<scalar_t, 3>,
-                          few_rows_avx2<scalar_t, 4>};
-    if (x.size(0) > 0) loops[x.size(0) - 1](xp, wp, yp, weight.size(0), x.size(1));
-#else
-    few_rows_linear<scalar_t>(xp, wp, yp, x.size(0), weight.size(0), x.size(1));
-#endif
+    std::vector<float> xs(x.numel());
+    split_rows(xp, x.numel(), xs.data());
+    at::parallel_for(0, weight.size(0) / 16, 1, [&](int64_t begin, int64_t end) {
+      few_rows_range(xs.data(), wp, yp, x.size(0), weight.size(0), x.size(1), begin, end);
+    });
   });
   return y;
 }
