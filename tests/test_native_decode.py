@@ -16,10 +16,11 @@ from rosellm_edu.engine.kv_cache import KVCache
 from rosellm_edu.engine.model_runner import ModelRunner
 from rosellm_edu.engine.native_decode import NativeDecode, native_linear
 from rosellm_edu.kernels import cpu_decode
+from rosellm_edu.kernels.build import build_cpp
 from rosellm_edu.layers.quantization import Int4Linear, Int8GroupLinear, Int8Linear, quantize_model
 from rosellm_edu.models import model_class
 
-from conftest import embedded_weights_only
+from conftest import embedded_weights_only, requires_avx2
 
 pytestmark = pytest.mark.skipif(cpu_decode.extension() is None, reason="no C++ compiler for the kernels")
 
@@ -105,6 +106,29 @@ def test_one_region_computes_what_the_modules_compute_on_any_team_with_keys_spli
                 assert torch.equal(native(ids, positions, ctx, one_region=True), expected)
     finally:
         torch.set_num_threads(before)
+
+
+@requires_avx2
+def test_the_avx2_build_runs_one_region_as_it_runs_a_region_per_kernel():
+    """Built without AVX-512, the region's shares run AVX2's few-rows loop (M a constant) and tile loop: an
+    AVX-512 machine runs the v16 loops natively, so this is where it tests the others."""
+    avx2 = build_cpp("rosellm_edu_decode_layer_avx2", "decode_layer.cpp", ["decode_plan", "decode_step",
+                     "decode_region"], "skipped", extra_cflags=("-fno-trapping-math", "-mno-avx512f"))
+    for kind in (torch.bfloat16, "int4"):
+        model, gen = tiny_model(kind), torch.Generator().manual_seed(6)
+        runner = runner_at(model, 4, gen)
+        native, m = NativeDecode.build(model, runner.kv_cache), model.model
+        plan = avx2.decode_plan(native.layers, m.rotary.cos, m.rotary.sin, native.k_caches, native.v_caches,
+                                native.scale, m.norm.weight, m.norm.eps)
+        for rows in (1, 3, 4):
+            ctx = runner.decode_attention(rows, 4)
+            with torch.no_grad():
+                x = m.embed_tokens(runner.input_ids[:rows])
+                args = (runner.positions[:rows], ctx.slot_mapping, ctx.decode.block_tables, ctx.decode.context_lens)
+                per_kernel, one = avx2.decode_step(plan, x.clone(), *args), avx2.decode_region(plan, x.clone(), *args)
+                assert torch.equal(one, per_kernel), f"{kind}, {rows} rows"
+                modules = m(runner.input_ids[:rows], runner.positions[:rows], ctx)      # the v16 loops' order
+                torch.testing.assert_close(one.float(), modules.float(), atol=0.05, rtol=0.05)
 
 
 def test_one_region_refuses_more_rows_than_the_few_rows_loop_takes_and_writes_nothing():
