@@ -134,7 +134,7 @@ class ModelRunner:
             self.block_tables[:rows, :width].copy_(stage["block_tables"][:rows, :width], non_blocking=True)
         return width
 
-    # notebooks/11b_native_decode.ipynb, cell 46
+    # notebooks/11b_native_decode.ipynb, cell 48
     def run_decode(self, rows: int, width: int) -> torch.Tensor:
         """The model over the first `rows` rows of the buffers; logits (rows, vocab). On a CPU, through
         native_decode's choice."""
@@ -170,7 +170,7 @@ class ModelRunner:
                 self.graphs[rows] = graph
             torch.cuda.synchronize()
 
-    # notebooks/11b_native_decode.ipynb, cell 46
+    # notebooks/11b_native_decode.ipynb, cell 48
     def native_decode(self, ids: torch.Tensor, positions: torch.Tensor, ctx: PagedAttention) -> NativeDecode | None:
         """The NativeDecode a decode step of len(ids) rows runs through: where one can run it and it measured
         faster than the model's modules at the first such step, one region a step or a region per kernel, whichever
