@@ -182,9 +182,7 @@ struct RegionLinear { Tiles tiles; const void* weight; int64_t bits, N, K; };
 RegionLinear region_linear(const Linear& l, const torch::Tensor& x) {
   const auto& [w, dm, bits] = l;
   if (bits != 0) return {check_tiles(w, dm, bits), nullptr, bits, w.size(0) * 16, w.size(1) * 32};
-  check_rows(w, "weight");
-  TORCH_CHECK(w.scalar_type() == x.scalar_type() && w.size(0) % 16 == 0 && w.size(1) % 32 == 0 && x.size(0) <= 4,
-              "a weight not in tiles: x's dtype, (N, K) with N % 16 == 0, K % 32 == 0, at most 4 rows of x");
+  check_few_rows(w, x.size(0), x.scalar_type());                    // chapter 10's checks; each K in region_linears
   return {Tiles{}, w.data_ptr(), 0, w.size(0), w.size(1)};
 }
 
@@ -283,10 +281,11 @@ std::vector<std::array<RegionLinear, 4>> region_linears(const DecodePlan& p, con
     linears.push_back({region_linear(std::get<2>(l), x), region_linear(std::get<3>(l), x),
                        region_linear(std::get<6>(l), x), region_linear(std::get<7>(l), x)});
   const int64_t hidden = x.size(1), d = p.cos.size(1), kv = p.k_caches[0].size(2);
-  const int64_t heads = linears[0][1].K / d, inter = linears[0][3].K;          // o takes heads * d; down, inter
+  const auto& first = linears[0];                                    // o takes heads * d; down takes inter
   for (const auto& [qkv, o, gate_up, down] : linears)
-    TORCH_CHECK(qkv.K == hidden && qkv.N == (heads + 2 * kv) * d && o.K == heads * d && o.N == hidden &&
-                gate_up.K == hidden && gate_up.N == 2 * inter && down.N == hidden && down.K == inter,
+    TORCH_CHECK(qkv.K == hidden && qkv.N == o.K + 2 * kv * d && o.K == first[1].K && o.K % d == 0 &&
+                o.N == hidden && gate_up.K == hidden && gate_up.N == 2 * down.K && down.K == first[3].K &&
+                down.N == hidden,
                 "decode_region: every layer's Linears shaped as the first's, for x and the caches");
   return linears;
 }

@@ -167,7 +167,7 @@ void rotary_inplace(torch::Tensor positions, torch::Tensor x, torch::Tensor cos,
 #ifndef FEW_ROWS_PREFETCH
 #define FEW_ROWS_PREFETCH 1   // __builtin_prefetch's locality: 1 brings a line into L2, 3 into L1 as well
 #endif
-// x's n values (n % 32 == 0) as floats xs, split as load32 splits W's rows: read once a row of W, not once a value.
+// x's n values (n % 32 == 0) as floats xs, split as load32 splits W's rows: split once, then reused for every row of W.
 template <typename T>
 void split_v16(const T* x, int64_t n, float* xs) {
   for (int64_t i = 0; i < n; i += 32) {
@@ -262,14 +262,19 @@ void few_rows_range(const float* xs, const T* w, T* y, int64_t M, int64_t N, int
 }
 
 // notebooks/10_fewer_passes.ipynb, cell 41
+// A weight this loop can take, for `rows` rows of x in `dtype`.
+void check_few_rows(const torch::Tensor& weight, int64_t rows, at::ScalarType dtype) {
+  check_rows(weight, "weight");
+  TORCH_CHECK(rows <= 4, "x may have at most 4 rows, got ", rows);
+  TORCH_CHECK(weight.size(1) % 32 == 0 && weight.size(0) % 16 == 0,
+              "in_features must be a multiple of 32 and out_features of 16, got ", weight.sizes());
+  TORCH_CHECK(weight.scalar_type() == dtype, "x and weight must share a dtype");
+}
+
 torch::Tensor linear_few_rows(torch::Tensor x, torch::Tensor weight) {
   check_rows(x, "x");
-  check_rows(weight, "weight");
-  TORCH_CHECK(x.size(0) <= 4, "x may have at most 4 rows, got ", x.size(0));
+  check_few_rows(weight, x.size(0), x.scalar_type());
   TORCH_CHECK(weight.size(1) == x.size(1), "x has ", x.size(1), " columns but weight ", weight.size(1));
-  TORCH_CHECK(x.size(1) % 32 == 0 && weight.size(0) % 16 == 0,
-              "in_features must be a multiple of 32 and out_features of 16, got ", weight.sizes());
-  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "x and weight must share a dtype");
   auto y = torch::empty({x.size(0), weight.size(0)}, x.options());
   DISPATCH(x.scalar_type(), "linear_few_rows", [&] {
     const scalar_t *xp = x.data_ptr<scalar_t>(), *wp = weight.data_ptr<scalar_t>();
