@@ -1,5 +1,5 @@
-"""Chapter 10's packed weights: oneDNN's matmul on a bfloat16 weight packed once, against F.linear and a float32
-re-computation, and where the model keeps it."""
+"""Chapter 10's packed weights: oneDNN's matmul on a weight packed once, against F.linear and a float32 (or
+float64) re-computation, and where the model keeps it."""
 
 import copy
 
@@ -31,6 +31,18 @@ def test_packed_linear_matches_a_float32_matmul_of_the_same_numbers(rows, bias):
     want = x.float() @ layer.weight.float().T + (layer.bias.float() if bias else 0.0)
     assert (got - want).abs().max() <= 1.6e-2 * want.abs().max()          # one bfloat16 rounding of the result
     torch.testing.assert_close(got, torch_linear(x, layer).float(), atol=1.6e-2 * want.abs().max().item(), rtol=0)
+
+
+@pytest.mark.skipif(not pack_weights([nn.Linear(32, 16, bias=False)]),
+                    reason="this PyTorch or CPU cannot pack a float32 weight for oneDNN")
+@pytest.mark.parametrize("rows", [5, 64, 512])
+def test_a_packed_float32_weight_sums_as_a_float64_matmul_does(rows):
+    torch.manual_seed(0)
+    layer, x = nn.Linear(576, 1536, bias=True), torch.randn(rows, 576)
+    assert pack_weights([layer]) and layer in BLOCKED
+    got = packed_linear(x, layer)
+    want = (x.double() @ layer.weight.double().T + layer.bias.double()).float()
+    torch.testing.assert_close(got, want, atol=1e-5 * want.abs().max().item(), rtol=0)   # float32 sums, another order
 
 
 @needs_packing
@@ -66,29 +78,33 @@ def test_a_copy_of_a_packed_layer_multiplies_by_its_own_plain_weight():
     assert torch.equal(packed_linear(x, twin), torch_linear(x, layer))
 
 
-def test_auto_takes_the_packed_weight_for_decode_batches_past_the_kernel_only():
-    packed = timing.Choice("packed", {"torch": 2.0, "packed": 1.0})
-    choices = {"linear, decode": packed, "linear, 1 row(s)": timing.Choice("torch", {"torch": 1.0, "cpp": 2.0})}
+def test_auto_takes_the_packed_weight_past_the_kernel_where_it_was_chosen():
+    packed, plain = timing.Choice("packed", {"torch": 2.0, "packed": 1.0}), timing.Choice("torch", {"torch": 1.0})
+    choices = {"linear, decode": packed, "linear, prefill": plain,
+               "linear, 1 row(s)": timing.Choice("torch", {"torch": 1.0, "cpp": 2.0})}
     assert auto_ops(choices, FEW_ROWS + 1).linear is packed_linear
     assert auto_ops(choices, DECODE_ROWS).linear is packed_linear
-    assert auto_ops(choices, DECODE_ROWS + 1).linear is TORCH_OPS.linear   # a prompt: F.linear
+    assert auto_ops(choices, DECODE_ROWS + 1).linear is TORCH_OPS.linear   # a prompt, where torch was chosen
     assert auto_ops(choices, 1).linear is TORCH_OPS.linear
+    assert auto_ops(choices | {"linear, prefill": packed}, DECODE_ROWS + 1).linear is packed_linear
     unmeasured = {"linear, decode": timing.Choice("torch", {"torch": 1.0, "packed": 2.0})}
     assert auto_ops(unmeasured, FEW_ROWS + 1).linear is TORCH_OPS.linear
+    assert auto_ops(unmeasured, DECODE_ROWS + 1).linear is TORCH_OPS.linear
 
 
 @pytest.mark.skipif(cpu_fused.extension() is None, reason="fusion='auto' measures only with the kernels built")
-def test_a_bfloat16_model_keeps_packed_weights_only_where_they_measured_faster(embedded_dir):
+@pytest.mark.parametrize("dtype, close", [(torch.bfloat16, 0.05), (torch.float32, 1e-4)])
+def test_a_model_keeps_packed_weights_only_where_they_measured_faster(embedded_dir, dtype, close):
     from rosellm_edu import model_loader
 
-    model = model_loader.load_model(embedded_dir, torch.bfloat16)
+    model = model_loader.load_model(embedded_dir, dtype)
     ids = torch.randint(100, model.config.vocab_size, (FEW_ROWS + 4,), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         auto = model.compute_logits(model(ids, torch.arange(len(ids)))).float()
         model.model.fusion = "torch"
         plain = model.compute_logits(model(ids, torch.arange(len(ids)))).float()
     linears = [m for m in model.model.modules() if isinstance(m, nn.Linear)] + [model.lm_head]
-    won = model.model.choices["linear, decode"].name == "packed"
+    won = "packed" in {model.model.choices[f"linear, {regime}"].name for regime in ("decode", "prefill")}
     assert all((m in BLOCKED) == won for m in linears)
-    # the fused norms sum in another order: bfloat16-close, not equal
-    assert (auto - plain).abs().max() < 0.05 * plain.abs().max()
+    # the fused norms and the packed matmul sum in another order: close in the model's dtype, not equal
+    assert (auto - plain).abs().max() < close * plain.abs().max()

@@ -220,7 +220,7 @@ def timed_linears(linear: Callable, linears: list[nn.Module], rows: int, dtype: 
 # notebooks/10_fewer_passes.ipynb, cell 57
 def fusion_choices(model: nn.Module) -> dict[str, Choice]:
     """For a LlamaModel on this CPU: per piece and kind of step, "cpp" (the kernel), "torch" (PyTorch's op) or, for
-    the bfloat16 Linears of a decode batch, "packed", measured at the model's shapes in its dtype by timing.choose
+    the Linears of a step past the kernel's rows, "packed", measured at the model's shapes in its dtype by timing.choose
     (once per process per shape)."""
     cfg, dtype = model.config, model.embed_tokens.weight.dtype
     shape = f"{dtype}, {cfg.hidden_size}/{cfg.intermediate_size}/{cfg.num_attention_heads}/{cfg.num_key_value_heads}"
@@ -236,12 +236,13 @@ def fusion_choices(model: nn.Module) -> dict[str, Choice]:
                      (("torch", TORCH_OPS), ("cpp", CPP_OPS))}
             choices[f"linear, {rows} row(s)"] = choose(f"fusion linear, {rows} rows, {len(linears)} Linears, {shape}",
                                                        calls, repeat=3, warmup=1)
-        if linears and dtype == torch.bfloat16:                    # decode batches past the kernel's rows
+        if linears:                                                # decode batches past the kernel's rows, prompts
             ways = {"torch": torch_linear} | ({"packed": packed_linear} if pack_weights(linears) else {})
-            calls = {name: timed_linears(f, linears, REGIMES["decode"], dtype) for name, f in ways.items()}
-            choices["linear, decode"] = choose(f"fusion linear, decode, {len(linears)} Linears, {shape}", calls,
-                                               repeat=3, warmup=1)
-            if choices["linear, decode"].name != "packed":
+            for regime, rows in REGIMES.items():
+                calls = {name: timed_linears(f, linears, rows, dtype) for name, f in ways.items()}
+                choices[f"linear, {regime}"] = choose(f"fusion linear, {regime}, {len(linears)} Linears, {shape}",
+                                                      calls, repeat=3, warmup=1)
+            if "packed" not in {choices[f"linear, {regime}"].name for regime in REGIMES}:
                 unpack_weights(linears)                            # the second copy only where it wins
     return choices
 
