@@ -21,9 +21,15 @@ TEXT = ("The printing press spread across Europe within a few decades of its inv
 # notebooks/11_weight_only_quantization.ipynb, cell 13
 @torch.no_grad()
 def logits(model, ids: list[int]) -> torch.Tensor:
-    """(len(ids), vocab) float32: one forward pass over the whole sequence, no cache."""
+    """(len(ids), vocab) float32: one forward pass over the whole sequence, no cache, by PyTorch's own ops
+    (fusion="torch"), so two models' logits differ by their weights alone, not by the matmul each chose at
+    start-up: a packed weight and a plain one sum in different orders."""
     x = torch.tensor(ids, device=next(model.buffers()).device)
-    return model.compute_logits(model(x, torch.arange(len(ids), device=x.device))).float()
+    fusion, model.model.fusion = model.model.fusion, "torch"
+    try:
+        return model.compute_logits(model(x, torch.arange(len(ids), device=x.device))).float()
+    finally:
+        model.model.fusion = fusion
 
 
 # notebooks/11_weight_only_quantization.ipynb, cell 13
