@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from conftest import hf_greedy
 from rosellm_edu import LLM, LLMEngine, SamplingParams, model_loader
 from rosellm_edu.engine.block_manager import chain_hash
+from rosellm_edu.engine.model_runner import table_rows
 from rosellm_edu.spec_decode.config import SpeculativeConfig
 from rosellm_edu.spec_decode.ngram_proposer import NgramProposer
 from rosellm_edu.spec_decode.rejection_sampler import accepted_count, rejection_sample
@@ -311,3 +312,37 @@ def test_serve_speculative_config_flag_builds_a_speculating_engine():
     assert isinstance(engine.proposer, NgramProposer) and engine.speculative_config.num_speculative_tokens == 2
     with pytest.raises(SystemExit):
         serve_args(["--speculative-config", "{not json"])
+
+
+@pytest.mark.parametrize("config", [NGRAM, {"method": "draft_model", "model": None, "num_speculative_tokens": 3}])
+def test_verifying_and_catch_up_passes_decode_one_row_per_position_with_the_eager_logits(monkeypatch, plain, config):
+    """Each runner's decode path, where a row carries several positions, against its eager path on the same batch
+    (the K/V both write are the same tokens'), and the greedy output as without speculation. float32 weights: an
+    int4 draft rounds its activations to 8 bits, where the two paths' sums in another order can flip a rounding."""
+    llm = LLM(dtype="float32", block_size=4, num_kv_blocks=120, speculative_config=config)
+    engine = llm.llm_engine
+    runners = [engine.runner] + ([engine.proposer.runner] if hasattr(engine.proposer, "runner") else [])
+    widened = []
+    for runner in runners:
+        def checked(batch, block_tables, runner=runner, run=runner.run):
+            logits = runner.run_eager(batch, table_rows(block_tables, batch, runner.kv_cache.block_size))
+            got = run(batch, block_tables)
+            if runner.is_decode(batch) and any(s.num_new > 1 for s in batch):
+                torch.testing.assert_close(got, logits, rtol=1e-3, atol=1e-3)
+                widened.append(runner)
+            return got
+        monkeypatch.setattr(runner, "run", checked)
+    params = [greedy(n) for n in LENGTHS]
+    for out, base in zip(llm.generate(PROMPTS, params, use_tqdm=False), plain.generate(PROMPTS, params, use_tqdm=False)):
+        assert out.outputs[0].token_ids == base.outputs[0].token_ids
+    assert engine.runner.decode_query_len == 1 + config["num_speculative_tokens"]
+    assert set(widened) == set(runners)          # the target verified, and a draft caught up, as decode rows
+    assert_no_leak(llm)
+
+
+def test_a_float32_draft_takes_the_int8_dot_loop_where_it_won():
+    from rosellm_edu.layers.quantization import Int4Linear, int8_dot_won
+    from rosellm_edu.spec_decode.draft_model_proposer import load_draft_model
+    draft = load_draft_model(None, torch.float32, torch.device("cpu"), "int4")
+    layers = [m for m in draft.modules() if isinstance(m, Int4Linear)]
+    assert layers and all((getattr(m, "tiles", None) is not None) == int8_dot_won(m) for m in layers)

@@ -62,20 +62,26 @@ class ModelRunner:
         if device.type == "cuda" and not enforce_eager:
             self.capture()
 
-    # notebooks/08_where_the_time_goes.ipynb, cell 43
+    # notebooks/12_speculative_decoding.ipynb, cell 31
     @torch.no_grad()
     def run(self, batch: list[ScheduledSeq], block_tables: BlockTable | dict[str, list[int]]) -> torch.Tensor:
-        """Logits (sampling rows, vocab), in batch order."""
+        """Logits (sampled positions, vocab), in batch order. A row of several positions decodes as that many
+        rows of one position each; those from the sequence's last token on are sampled."""
         tables = table_rows(block_tables, batch, self.kv_cache.block_size)                 # (seqs, width)
         if not self.is_decode(batch):
             return self.run_eager(batch, tables)
-        n = len(batch)
+        singles = [ScheduledSeq(s.seq, p, 1, s.draft_token_ids) for s in batch for p in range(s.num_computed, s.end)]
+        tables = tables.repeat_interleave(torch.tensor([s.num_new for s in batch]), dim=0)   # (n, width)
+        n = len(singles)
         rows = self.padded_size(n) if self.graphs else n     # no graph to fit: the CPU pays for no padding
-        width = self.prepare_decode(batch, tables, rows)
-        if not self.graphs:
-            return self.run_decode(rows, width)
-        self.graphs[rows].replay()
-        return self.logits[:n].clone()                        # the buffer is overwritten by the next step
+        width = self.prepare_decode(singles, tables, rows)
+        if self.graphs:
+            self.graphs[rows].replay()
+            logits = self.logits[:n].clone()                  # the buffer is overwritten by the next step
+        else:
+            logits = self.run_decode(rows, width)
+        sampled = [i for i, s in enumerate(singles) if s.num_computed >= len(s.seq) - 1]
+        return logits if len(sampled) == n else logits[sampled]
 
     # notebooks/12_speculative_decoding.ipynb, cell 29
     def run_eager(self, batch: list[ScheduledSeq], tables: torch.Tensor | list[list[int]],
@@ -100,16 +106,17 @@ class ModelRunner:
 
     # notebooks/12_speculative_decoding.ipynb, cell 29
     def is_decode(self, batch: list[ScheduledSeq]) -> bool:
-        """Every row computes one token of its own and samples from it (no drafts)."""
-        return 0 < len(batch) <= self.max_num_seqs and all(s.num_new == 1 and s.samples and not s.draft_token_ids
-                                                           for s in batch)
+        """Every row samples and computes at most decode_query_len positions, each a decode row (a token and its
+        drafts), max_num_seqs rows in all."""
+        return 0 < sum(s.num_new for s in batch) <= self.max_num_seqs and all(
+            s.samples and s.num_new <= self.decode_query_len for s in batch)
 
     # notebooks/05_cuda_graphs.ipynb, cell 26
     def padded_size(self, num_seqs: int) -> int:
         """The smallest bucket that holds num_seqs rows."""
         return self.buckets[bisect_left(self.buckets, num_seqs)]
 
-    # notebooks/08_where_the_time_goes.ipynb, cell 46
+    # notebooks/12_speculative_decoding.ipynb, cell 31
     def prepare_decode(self, batch: list[ScheduledSeq], tables: torch.Tensor | list[list[int]], rows: int) -> int:
         """Write the batch into the first `rows` rows of the static buffers, padding rows after it; returns the
         block-table width the batch uses. A padded row is token 0 at position 0, whose K/V go to the scratch
@@ -119,7 +126,7 @@ class ModelRunner:
         width = tables.shape[1]
         stage = self.staging
         positions = torch.tensor([s.num_computed for s in batch], dtype=torch.long)        # (n,)
-        stage["input_ids"][:n] = torch.tensor([s.seq.token_at(s.num_computed) for s in batch], dtype=torch.long)
+        stage["input_ids"][:n] = torch.tensor([s.token_ids()[0] for s in batch], dtype=torch.long)   # or a draft
         stage["positions"][:n] = positions
         stage["slot_mapping"][:n] = tables[torch.arange(n), positions // bs].long() * bs + positions % bs
         stage["context_lens"][:n] = positions + 1
@@ -197,3 +204,7 @@ def table_rows(block_tables: BlockTable | dict[str, list[int]], batch: list[Sche
     if isinstance(block_tables, BlockTable):
         return block_tables.rows(ids, width)
     return padded_tables([block_tables[r][:width] for r in ids])
+
+
+# notebooks/12_speculative_decoding.ipynb, cell 29
+ModelRunner.decode_query_len = 1   # 1 + k in a speculating engine's runner

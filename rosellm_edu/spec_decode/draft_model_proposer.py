@@ -8,17 +8,21 @@ from rosellm_edu.engine.block_manager import BlockManager
 from rosellm_edu.engine.kv_cache import KVCache
 from rosellm_edu.engine.model_runner import ModelRunner
 from rosellm_edu.engine.scheduler import ScheduledSeq
+from rosellm_edu.layers.quantization import tile_for_rows
 from rosellm_edu.layers.sampler import greedy_tokens
 from rosellm_edu.model_loader import load_model, resolve_model
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 51
+# notebooks/12_speculative_decoding.ipynb, cell 53
 def load_draft_model(model: str | None, dtype: torch.dtype, device: torch.device, quantization: str | None = None):
-    """The draft's weights: any checkpoint (None: the embedded model), quantized by load_model when asked."""
-    return load_model(resolve_model(model), dtype, device, quantization)
+    """The draft's weights: any checkpoint (None: the embedded model), quantized by load_model when asked. Its
+    guesses are checked, so they need not be exact: in float32 its quantized Linears are tiled as a bfloat16
+    model's are, for chapter 11's int8-dot loop where it measured fastest."""
+    draft = load_model(resolve_model(model), dtype, device, quantization)
+    return tile_for_rows(draft, torch.bfloat16) if dtype == torch.float32 else draft
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 51
+# notebooks/12_speculative_decoding.ipynb, cell 53
 def agreed(a: list[int], b: list[int]) -> int:
     """How many leading tokens a and b share."""
     n = 0
@@ -27,7 +31,7 @@ def agreed(a: list[int], b: list[int]) -> int:
     return n
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 52
+# notebooks/12_speculative_decoding.ipynb, cell 54
 class DraftModelProposer:
     """A smaller or quantized model guesses greedily, one batched pass per draft, through its own paged KV cache."""
 
@@ -35,6 +39,7 @@ class DraftModelProposer:
         self.model = model
         self.blocks = BlockManager(kv_cache.num_blocks, kv_cache.block_size, enable_prefix_caching=False)
         self.runner = ModelRunner(model, kv_cache, max_num_seqs, max_model_len, enforce_eager=True)
+        self.runner.decode_query_len = 2                    # a catch-up: the last draft and the target's next token
         self.fed: dict[str, tuple[int, list[int]]] = {}   # id -> (n, drafts): the cache holds n tokens, then these
 
     @torch.no_grad()
@@ -51,7 +56,7 @@ class DraftModelProposer:
             batch = [s for s in (self.feed(s, drafts, limit) for s in batch) if s is not None]
         return drafts
 
-    # notebooks/12_speculative_decoding.ipynb, cell 53
+    # notebooks/12_speculative_decoding.ipynb, cell 55
     def catch_up(self, seq) -> ScheduledSeq | None:
         """The tokens of seq the draft cache lacks, as one chunk; its last logits give the first draft."""
         request_id = seq.request_id
@@ -65,7 +70,7 @@ class DraftModelProposer:
         self.fed[request_id] = (len(seq), [])
         return ScheduledSeq(seq, valid, len(seq) - valid)
 
-    # notebooks/12_speculative_decoding.ipynb, cell 53
+    # notebooks/12_speculative_decoding.ipynb, cell 55
     def feed(self, s: ScheduledSeq, drafts: dict[str, list[int]], limit: dict[str, int]) -> ScheduledSeq | None:
         """The next pass of one sequence: its newest draft in, the draft after it out; None when it has enough."""
         request_id, mine = s.seq.request_id, drafts[s.seq.request_id]
@@ -74,7 +79,7 @@ class DraftModelProposer:
         self.fed[request_id] = (len(s.seq), list(mine))
         return ScheduledSeq(s.seq, s.end, 1, list(mine))
 
-    # notebooks/12_speculative_decoding.ipynb, cell 53
+    # notebooks/12_speculative_decoding.ipynb, cell 55
     def forget(self, request_id: str) -> None:
         self.blocks.free(request_id)
         self.fed.pop(request_id, None)
