@@ -216,7 +216,7 @@ class LLMEngine:
                 self.scheduler.remove(seq)
         return outputs
 
-    # notebooks/12_speculative_decoding.ipynb, cell 46
+    # notebooks/12_speculative_decoding.ipynb, cell 47
     def forward(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """Logits (sampled positions, vocab) of one step; records the prompt logprobs this step's chunks owe."""
         owed = [prompt_logprob_positions(s) for s in batch]
@@ -380,7 +380,7 @@ class LLMEngine:
         for seq, logprobs in entries:
             seq.prompt_logprobs.append(logprobs)
 
-    # notebooks/12_speculative_decoding.ipynb, cell 57
+    # notebooks/12_speculative_decoding.ipynb, cell 58
     def make_proposer(self, spec: SpeculativeConfig, draft):
         """The proposer speculative_config names; a draft model shares the target's device, dtype and block size,
         and its cache has as many blocks as the target's. The runner learns that a verifying row, a token and k
@@ -391,7 +391,7 @@ class LLMEngine:
         cache = KVCache(draft.config, self.kv_cache.num_blocks, self.kv_cache.block_size, self.dtype, self.device)
         return DraftModelProposer(draft, cache, self.scheduler.max_num_seqs, self.max_model_len)
 
-    # notebooks/12_speculative_decoding.ipynb, cell 38
+    # notebooks/12_speculative_decoding.ipynb, cell 39
     def propose(self) -> dict[str, list[int]]:
         """request id -> drafts, for the running sequences that decode this step; {} without speculation, or when
         more sequences run than speculative_config's disable_by_batch_size (the batch fills the machine already)."""
@@ -404,13 +404,13 @@ class LLMEngine:
         decoding = [s for s in scheduler.running if scheduler.num_computed[s.request_id] == len(s) - 1]
         return self.proposer.propose(decoding, [min(k, self.tokens_left(s) - 1) for s in decoding])
 
-    # notebooks/12_speculative_decoding.ipynb, cell 38
+    # notebooks/12_speculative_decoding.ipynb, cell 39
     def tokens_left(self, seq: Sequence) -> int:
         """The most tokens seq may still emit: up to max_tokens and to the end of the context."""
         room = self.max_model_len - len(seq)
         return room if seq.params.max_tokens is None else min(room, seq.params.max_tokens - len(seq.output_token_ids))
 
-    # notebooks/12_speculative_decoding.ipynb, cell 38
+    # notebooks/12_speculative_decoding.ipynb, cell 39
     def spec_stats(self) -> dict:
         """Acceptance rate and mean accepted length since the engine started (vLLM's spec decoding metrics)."""
         return self.spec_decoding_stats.as_dict()
@@ -434,7 +434,7 @@ class LLMEngine:
                 break
         return appended
 
-    # notebooks/12_speculative_decoding.ipynb, cell 57
+    # notebooks/12_speculative_decoding.ipynb, cell 58
     def load_draft(self, spec: SpeculativeConfig, model: str | None):
         """The draft model, loaded before the KV cache is sized (its weights use the GPU's memory too)."""
         draft = load_draft_model(spec.model or model, self.dtype, self.device, spec.quantization)

@@ -116,7 +116,7 @@ class ModelRunner:
         """The smallest bucket that holds num_seqs rows."""
         return self.buckets[bisect_left(self.buckets, num_seqs)]
 
-    # notebooks/12_speculative_decoding.ipynb, cell 31
+    # notebooks/12_speculative_decoding.ipynb, cell 32
     def prepare_decode(self, batch: list[ScheduledSeq], tables: torch.Tensor | list[list[int]], rows: int) -> int:
         """Write the batch into the first `rows` rows of the static buffers, padding rows after it; returns the
         block-table width the batch uses. A padded row is token 0 at position 0, whose K/V go to the scratch

@@ -13,7 +13,7 @@ from rosellm_edu.layers.sampler import greedy_tokens
 from rosellm_edu.model_loader import load_model, resolve_model
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 53
+# notebooks/12_speculative_decoding.ipynb, cell 54
 def load_draft_model(model: str | None, dtype: torch.dtype, device: torch.device, quantization: str | None = None):
     """The draft's weights: any checkpoint (None: the embedded model), quantized by load_model when asked. Its
     guesses are checked, so they need not be exact: in float32 its quantized Linears are tiled as a bfloat16
@@ -22,7 +22,7 @@ def load_draft_model(model: str | None, dtype: torch.dtype, device: torch.device
     return tile_for_rows(draft, torch.bfloat16) if dtype == torch.float32 else draft
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 53
+# notebooks/12_speculative_decoding.ipynb, cell 54
 def agreed(a: list[int], b: list[int]) -> int:
     """How many leading tokens a and b share."""
     n = 0
@@ -31,7 +31,7 @@ def agreed(a: list[int], b: list[int]) -> int:
     return n
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 54
+# notebooks/12_speculative_decoding.ipynb, cell 55
 class DraftModelProposer:
     """A smaller or quantized model guesses greedily, one batched pass per draft, through its own paged KV cache."""
 
@@ -56,7 +56,7 @@ class DraftModelProposer:
             batch = [s for s in (self.feed(s, drafts, limit) for s in batch) if s is not None]
         return drafts
 
-    # notebooks/12_speculative_decoding.ipynb, cell 55
+    # notebooks/12_speculative_decoding.ipynb, cell 56
     def catch_up(self, seq) -> ScheduledSeq | None:
         """The tokens of seq the draft cache lacks, as one chunk; its last logits give the first draft."""
         request_id = seq.request_id
@@ -70,7 +70,7 @@ class DraftModelProposer:
         self.fed[request_id] = (len(seq), [])
         return ScheduledSeq(seq, valid, len(seq) - valid)
 
-    # notebooks/12_speculative_decoding.ipynb, cell 55
+    # notebooks/12_speculative_decoding.ipynb, cell 56
     def feed(self, s: ScheduledSeq, drafts: dict[str, list[int]], limit: dict[str, int]) -> ScheduledSeq | None:
         """The next pass of one sequence: its newest draft in, the draft after it out; None when it has enough."""
         request_id, mine = s.seq.request_id, drafts[s.seq.request_id]
@@ -79,7 +79,7 @@ class DraftModelProposer:
         self.fed[request_id] = (len(s.seq), list(mine))
         return ScheduledSeq(s.seq, s.end, 1, list(mine))
 
-    # notebooks/12_speculative_decoding.ipynb, cell 55
+    # notebooks/12_speculative_decoding.ipynb, cell 56
     def forget(self, request_id: str) -> None:
         self.blocks.free(request_id)
         self.fed.pop(request_id, None)

@@ -5,7 +5,7 @@
 from dataclasses import dataclass
 
 
-# notebooks/12_speculative_decoding.ipynb, cell 33
+# notebooks/12_speculative_decoding.ipynb, cell 34
 @dataclass
 class SpecDecodingStats:
     num_spec_steps: int = 0         # (sequence, step) pairs that verified at least one draft
