@@ -70,17 +70,21 @@ class ModelRunner:
         tables = table_rows(block_tables, batch, self.kv_cache.block_size)                 # (seqs, width)
         if not self.is_decode(batch):
             return self.run_eager(batch, tables)
-        singles = [ScheduledSeq(s.seq, p, 1, s.draft_token_ids) for s in batch for p in range(s.num_computed, s.end)]
-        tables = tables.repeat_interleave(torch.tensor([s.num_new for s in batch]), dim=0)   # (n, width)
-        n = len(singles)
+        n = sum(s.num_new for s in batch)                                                  # decode rows
+        wide = n > len(batch)          # a row of several positions; a plain decode step copies nothing
+        if wide:
+            tables = tables.repeat_interleave(torch.tensor([s.num_new for s in batch]), dim=0)   # (n, width)
+            batch = [ScheduledSeq(s.seq, p, 1, s.draft_token_ids) for s in batch for p in range(s.num_computed, s.end)]
         rows = self.padded_size(n) if self.graphs else n     # no graph to fit: the CPU pays for no padding
-        width = self.prepare_decode(singles, tables, rows)
+        width = self.prepare_decode(batch, tables, rows)
         if self.graphs:
             self.graphs[rows].replay()
             logits = self.logits[:n].clone()                  # the buffer is overwritten by the next step
         else:
             logits = self.run_decode(rows, width)
-        sampled = [i for i, s in enumerate(singles) if s.num_computed >= len(s.seq) - 1]
+        if not wide:
+            return logits
+        sampled = [i for i, s in enumerate(batch) if s.num_computed >= len(s.seq) - 1]   # not a catch-up's first
         return logits if len(sampled) == n else logits[sampled]
 
     # notebooks/12_speculative_decoding.ipynb, cell 29
